@@ -103,6 +103,8 @@ def start_embedded_redis(data_dir: str | Path, port: int = 0) -> EmbeddedRedis:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     server = EmbeddedRedis(d, port, password, proc)
     _wait_ready(server)
+    # For operators and tests: where the running server listens (the password file is beside it).
+    (d / "port").write_text(str(port))
     return server
 
 

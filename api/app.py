@@ -1,0 +1,60 @@
+"""The FastAPI application: clients opened in the lifespan, routes, problem handlers, middleware.
+
+The API is stateless: everything it knows is in Redis. Each process holds one Redis connection
+pool, one `Queue`, and one `JobWaiter` (one pub/sub subscription shared by every request that
+waits for a job), all opened in the lifespan and closed there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import redis.asyncio as aioredis
+from fastapi import FastAPI
+
+from api.auth import Authenticator
+from api.body_limit import BodyLimitMiddleware
+from api.fleet import Fleet
+from api.problems import install_problem_handlers
+from api.rate_limit import RateLimiter
+from api.routes_jobs import router as jobs_router
+from api.routes_meta import router as meta_router
+from api.routes_sessions import router as sessions_router
+from common.config import Config
+from common.queue import JobWaiter, Queue
+from common.secret_box import SecretBox, load_key
+
+#: Connections per API process; sync waiters do not hold one (they share the pub/sub).
+REDIS_POOL_SIZE = 256
+
+
+def create_app(config: Config, redis_url: str | None = None) -> FastAPI:
+    url = redis_url or config.redis.url
+    if not url:
+        raise SystemExit("atefleet api: redis.url (or $ATEFLEET_REDIS_URL) is required; "
+                         "`atefleet up` starts an embedded Redis")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        redis = aioredis.Redis.from_url(url, max_connections=REDIS_POOL_SIZE,
+                                        health_check_interval=30, socket_keepalive=True)
+        queue = Queue(redis, config)
+        waiter = JobWaiter(queue)
+        app.state.fleet = Fleet(config=config, redis=redis, queue=queue, waiter=waiter,
+                                auth=Authenticator(config), limiter=RateLimiter(config.api),
+                                secret_box=SecretBox(load_key(config.state_dir)))
+        try:
+            yield
+        finally:
+            await waiter.close()
+            await redis.aclose()
+
+    app = FastAPI(title="atefleet", version="0.1.0", lifespan=lifespan,
+                  description="Run AI agents' tool calls in per-session sandboxed actors on Agent Substrate.")
+    install_problem_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.api.body_max_bytes)
+    app.include_router(meta_router)
+    app.include_router(sessions_router)
+    app.include_router(jobs_router)
+    return app

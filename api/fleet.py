@@ -1,0 +1,73 @@
+"""What every route needs, opened once per process: config, Redis, queue, waiter, auth, limiter.
+
+Routes get it through `get_fleet`, and the caller through `get_principal`, which also applies the
+rate limit, so no route can forget either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+import redis.asyncio as aioredis
+from fastapi import Depends, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from api.auth import Authenticator, Principal
+from api.problems import NotFound
+from api.rate_limit import RateLimiter
+from common.config import Config, Environment
+from common.queue import JobRecord, JobWaiter, Queue
+from common.secret_box import SecretBox
+
+
+@dataclass(frozen=True)
+class Fleet:
+    config: Config
+    redis: aioredis.Redis
+    queue: Queue
+    waiter: JobWaiter
+    auth: Authenticator
+    limiter: RateLimiter
+    secret_box: SecretBox
+
+    def environment(self, name: str) -> Environment:
+        env = self.config.environment(name)
+        if env is None:
+            raise NotFound(f"environment {name!r} is not configured", environment=name)
+        return env
+
+    async def visible_job(self, job_id: str, principal: Principal) -> JobRecord:
+        """The job, if it exists and the caller may see it; another principal's job is a 404."""
+        job = await self.queue.get_job(job_id)
+        if job is None or not principal.may_see(job.principal, job.environment, job.session_id):
+            raise NotFound(f"job {job_id!r} does not exist or has expired", job_id=job_id)
+        return job
+
+
+def get_fleet(request: Request) -> Fleet:
+    fleet: Fleet = request.app.state.fleet
+    return fleet
+
+
+FleetDep = Annotated[Fleet, Depends(get_fleet)]
+
+
+#: Declares the Bearer scheme in the OpenAPI document; the check itself is `Authenticator`'s.
+_BEARER = HTTPBearer(auto_error=False)
+
+
+async def get_principal(
+    request: Request, fleet: FleetDep,
+    _credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)],
+) -> Principal:
+    """The authenticated caller, after taking one token of its rate-limit bucket.
+
+    Authentication runs first, so unauthenticated floods are answered 401 without touching any bucket.
+    """
+    principal = fleet.auth.authenticate(request.headers.get("authorization"))
+    await fleet.limiter.check(principal.id)
+    return principal
+
+
+PrincipalDep = Annotated[Principal, Depends(get_principal)]

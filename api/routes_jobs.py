@@ -1,0 +1,124 @@
+"""Job routes for orchestrators: poll / long-poll, SSE output streams, cancel, and batch submit."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Body, Header, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from api.fleet import Fleet, FleetDep, PrincipalDep
+from api.problems import BadRequest, IdempotencyConflict, InvalidToolCall, ToolNotAllowed
+from api.submit import tool_job
+from api.tool_calls import fingerprint, parse_tool_call
+from common.job_json import job_to_json
+from common.queue import IdempotencyConflict as QueueIdempotencyConflict
+from common.queue import NewJob
+from common.tool_calls import ToolCall
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+#: SSE keep-alive comment period, below common proxy idle timeouts.
+SSE_HEARTBEAT_MS = 15000
+
+
+@router.get("/{job_id}", summary="A job's state and result; `wait` long-polls until it ends")
+async def get_job(fleet: FleetDep, principal: PrincipalDep, job_id: str,
+                  wait: float = Query(0, ge=0, description="seconds to wait for the job to end")) -> Any:
+    job = await fleet.visible_job(job_id, principal)
+    if wait > 0 and not job.terminal:
+        done = await fleet.waiter.wait(job_id, min(wait, fleet.config.jobs.long_poll_max_s))
+        job = done or await fleet.visible_job(job_id, principal)
+    return job_to_json(job)
+
+
+@router.post("/{job_id}/cancel", summary="Cancel a job: queued → removed; running → its process is killed")
+async def cancel_job(fleet: FleetDep, principal: PrincipalDep, job_id: str) -> Any:
+    await fleet.visible_job(job_id, principal)
+    job = await fleet.queue.cancel(job_id)
+    return job_to_json(job or await fleet.visible_job(job_id, principal))
+
+
+def _sse(event: str, data: dict[str, Any], event_id: str | None = None) -> bytes:
+    head = f"id: {event_id}\n" if event_id else ""
+    return f"{head}event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+async def _stream(fleet: Fleet, job_id: str, after: str) -> AsyncIterator[bytes]:
+    """Output chunks as they come, then the job's final JSON; ids are output-stream ids."""
+    while True:
+        entries = await fleet.queue.read_output(job_id, after=after, block_ms=SSE_HEARTBEAT_MS)
+        if not entries:
+            job = await fleet.queue.get_job(job_id)
+            if job is None or job.terminal:
+                if job is not None:
+                    yield _sse("result", job_to_json(job))
+                return
+            yield b": keep-alive\n\n"
+            continue
+        for entry_id, fields in entries:
+            after = entry_id
+            if fields.get("event") == "end":
+                job = await fleet.queue.get_job(job_id)
+                if job is not None:
+                    yield _sse("result", job_to_json(job), entry_id)
+                return
+            yield _sse("output", fields, entry_id)
+
+
+@router.get("/{job_id}/events", summary="Server-sent events: output chunks, then the result")
+async def job_events(fleet: FleetDep, principal: PrincipalDep, job_id: str,
+                     last_event_id: str | None = Header(None)) -> Response:
+    await fleet.visible_job(job_id, principal)
+    after = last_event_id or "0-0"
+    if not _is_stream_id(after):
+        raise BadRequest("Last-Event-ID must be an id from this stream (e.g. 1700000000000-0)")
+    return StreamingResponse(_stream(fleet, job_id, after), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _is_stream_id(value: str) -> bool:
+    ms, sep, seq = value.partition("-")
+    return ms.isdigit() and (not sep or seq.isdigit())
+
+
+def _batch_job(fleet: Fleet, principal_id: str, index: int, item: Any) -> tuple[NewJob, ToolCall]:
+    if not isinstance(item, dict):
+        raise InvalidToolCall("each call must be an object", field=f"calls.{index}")
+    env_name, sid = item.get("environment"), item.get("session")
+    if not isinstance(env_name, str) or not isinstance(sid, str) or not sid:
+        raise InvalidToolCall("each call needs `environment` and `session`", field=f"calls.{index}")
+    environment = fleet.environment(env_name)
+    call = parse_tool_call({k: v for k, v in item.items() if k not in ("environment", "session")},
+                           webhook_secret_ids=fleet.config.webhooks.secrets.keys())
+    if call.name not in environment.allowed_tools:
+        raise ToolNotAllowed(call.name, env_name, index=index)
+    return tool_job(fleet, principal_id, env_name, sid, call), call
+
+
+@router.post(":batch", summary="Submit up to jobs.batch_max calls; per-session order = array order")
+async def batch(fleet: FleetDep, principal: PrincipalDep, request: Request,
+                body: dict[str, Any] = Body(...)) -> Response:  # noqa: B008
+    calls = body.get("calls")
+    if not isinstance(calls, list) or not calls:
+        raise InvalidToolCall("`calls` must be a non-empty array", field="calls")
+    if len(calls) > fleet.config.jobs.batch_max:
+        raise InvalidToolCall(f"at most {fleet.config.jobs.batch_max} calls per batch", field="calls")
+    planned = [_batch_job(fleet, principal.id, i, item) for i, item in enumerate(calls)]
+    for job, _ in planned:
+        principal.check(job.environment, job.session_id)
+    key = request.headers.get("idempotency-key")
+    batch_fp = hashlib.sha256("|".join(fingerprint(c, j.session) for j, c in planned).encode()).hexdigest()
+    try:
+        results = await fleet.queue.enqueue_batch([j for j, _ in planned], idempotency_key=key,
+                                                  fingerprint=batch_fp)
+    except QueueIdempotencyConflict as err:
+        raise IdempotencyConflict("this Idempotency-Key was used with a different batch",
+                                  job_id=err.job_id) from err
+    jobs = [await fleet.queue.get_job(r.job_id) for r in results]
+    body_out = {"jobs": [job_to_json(j) for j in jobs if j is not None]}
+    return JSONResponse(body_out, status_code=202)
+

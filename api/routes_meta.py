@@ -1,0 +1,72 @@
+"""Health, readiness, metrics, and discovery (environments and their ready-to-use tool definitions)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse, Response
+
+from api.fleet import FleetDep, PrincipalDep
+from api.problems import Forbidden
+from common import metrics
+from common.tool_schemas import anthropic_tools, openai_tools
+
+router = APIRouter()
+
+
+def _sandbox_level(state_dir: str) -> str:
+    """The local Substrate's sandbox level from its status file; none there means a cluster."""
+    try:
+        status = json.loads((Path(state_dir) / "local-substrate" / "status.json").read_text())
+    except (OSError, ValueError):
+        return "external-substrate"
+    return str(status.get("sandbox", "unknown"))
+
+
+@router.get("/healthz", tags=["ops"])
+async def healthz(fleet: FleetDep) -> dict[str, Any]:
+    return {"status": "ok", "sandbox": _sandbox_level(fleet.config.state_dir),
+            "auth": fleet.config.auth.enabled}
+
+
+@router.get("/readyz", tags=["ops"])
+async def readyz(fleet: FleetDep) -> Response:
+    try:
+        await fleet.redis.ping()
+    except Exception as err:  # any Redis failure means not ready; the detail is for operators
+        return JSONResponse({"ready": False, "redis": type(err).__name__}, status_code=503)
+    return JSONResponse({"ready": True})
+
+
+@router.get("/metrics", tags=["ops"])
+async def prometheus_metrics(fleet: FleetDep) -> Response:
+    stats = await fleet.queue.stats()
+    metrics.QUEUE_DEPTH.set(stats["queue_depth"])
+    metrics.OLDEST_JOB_AGE.set(stats["oldest_job_age_s"])
+    for state, n in stats["sessions_by_state"].items():
+        metrics.SESSIONS_BY_STATE.labels(state=state).set(n)
+    for state, n in stats["jobs_by_state"].items():
+        metrics.JOBS_BY_STATE.labels(state=state).set(n)
+    return Response(metrics.render_metrics(), media_type=metrics.PROMETHEUS_CONTENT_TYPE)
+
+
+@router.get("/v1/environments", tags=["discovery"])
+async def environments(fleet: FleetDep, principal: PrincipalDep) -> dict[str, Any]:
+    visible = [e for e in fleet.config.environments if principal.may_use(e.name, None)]
+    return {"environments": [
+        {"name": e.name, "template": e.template, "atespace": e.atespace, "skills_dir": e.skills_dir,
+         "allowed_tools": list(e.allowed_tools), "idle_timeout_s": e.idle_timeout_s}
+        for e in visible]}
+
+
+@router.get("/v1/environments/{env}/tools", tags=["discovery"])
+async def tools(fleet: FleetDep, principal: PrincipalDep, env: str,
+                format: Literal["openai", "anthropic"] = Query("openai")) -> dict[str, Any]:
+    environment = fleet.environment(env)
+    if not principal.may_use(env, None):
+        raise Forbidden(f"not allowed to use environment {env!r}")
+    names = list(environment.allowed_tools)
+    return {"tools": openai_tools(names) if format == "openai" else anthropic_tools(names)}

@@ -1,0 +1,96 @@
+"""Session routes: the seed's resume / suspend / execute, plus destroy, show and list.
+
+Seed 000 compatibility is exact on its three routes: same paths, same bodies, same answers
+(`{"status": "ok"}` and `function_call_output`), with extra fields only added next to them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import JSONResponse, Response
+
+from api.fleet import FleetDep, PrincipalDep
+from api.problems import NotFound
+from api.submit import answer, enqueue, tool_job, wants_async
+from api.tool_calls import decode_json_body, fingerprint, parse_tool_call
+from common.queue import JobKind, NewJob
+from common.tool_calls import render_tool_not_allowed
+
+router = APIRouter(prefix="/v1/environments/{env}/sessions", tags=["sessions"])
+
+#: Session ids appear in Redis keys and actor names; keep them to a safe alphabet.
+SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+Sid = Annotated[str, Path(pattern=SESSION_ID_PATTERN, description="client-chosen session id")]
+
+
+def _lifecycle_job(env: str, sid: str, kind: JobKind, principal: str, **payload: Any) -> NewJob:
+    return NewJob(environment=env, session_id=sid, kind=kind, payload=payload, principal=principal)
+
+
+async def _lifecycle(fleet: FleetDep, principal: PrincipalDep, request: Request, env: str, sid: str,
+                     kind: JobKind, **payload: Any) -> Response:
+    fleet.environment(env)
+    principal.check(env, sid)
+    job = _lifecycle_job(env, sid, kind, principal.id, **payload)
+    result = await enqueue(fleet, request, job, fingerprint=f"{kind}:{sorted(payload.items())}")
+    return await answer(fleet, result.job_id, sync=not wants_async(request))
+
+
+@router.post("/{sid}/resume", summary="Create (if needed) and resume the session's actor")
+async def resume(fleet: FleetDep, principal: PrincipalDep, request: Request, env: str,
+                 sid: Sid) -> Response:
+    return await _lifecycle(fleet, principal, request, env, sid, JobKind.RESUME)
+
+
+@router.post("/{sid}/suspend", summary="Suspend the session's actor, after every call queued before")
+async def suspend(fleet: FleetDep, principal: PrincipalDep, request: Request, env: str, sid: Sid,
+                  force: bool = False) -> Response:
+    return await _lifecycle(fleet, principal, request, env, sid, JobKind.SUSPEND, force=force)
+
+
+@router.delete("/{sid}", summary="Destroy the session (optionally keeping its snapshot)")
+async def destroy(fleet: FleetDep, principal: PrincipalDep, request: Request, env: str, sid: Sid,
+                  keep_snapshot: bool = False) -> Response:
+    return await _lifecycle(fleet, principal, request, env, sid, JobKind.DESTROY, keep_snapshot=keep_snapshot)
+
+
+@router.post("/{sid}", summary="Execute one tool call in the session's actor",
+             openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                 "schema": {"type": "object", "description": "seed function_call, Anthropic tool_use "
+                            "or Chat Completions tool_calls item"}}}}})
+async def execute(fleet: FleetDep, principal: PrincipalDep, request: Request, env: str, sid: Sid) -> Response:
+    environment = fleet.environment(env)
+    principal.check(env, sid)
+    # Like the seed's decoder: JSON whatever the Content-Type (`curl -d` sends a form type).
+    call = parse_tool_call(decode_json_body(await request.body()),
+                           webhook_secret_ids=fleet.config.webhooks.secrets.keys())
+    if call.name not in environment.allowed_tools:
+        return JSONResponse(render_tool_not_allowed(call, env))
+    job = tool_job(fleet, principal.id, env, sid, call)
+    result = await enqueue(fleet, request, job, fingerprint=fingerprint(call, job.session))
+    return await answer(fleet, result.job_id, sync=not wants_async(request, call.is_async))
+
+
+@router.get("/{sid}", summary="The session's state, actor, activity, queue and processes")
+async def show(fleet: FleetDep, principal: PrincipalDep, env: str, sid: Sid) -> dict[str, Any]:
+    fleet.environment(env)
+    principal.check(env, sid)
+    info = await fleet.queue.get_session(env, sid)
+    if info is None:
+        raise NotFound(f"session {sid!r} does not exist in {env!r}", environment=env, session=sid)
+    return info
+
+
+@router.get("", summary="Sessions of an environment, paginated")
+async def list_sessions(fleet: FleetDep, principal: PrincipalDep, env: str, cursor: str = "",
+                        limit: int = Query(100, ge=1, le=1000)) -> dict[str, Any]:
+    fleet.environment(env)
+    principal.check(env, None)
+    ids, next_cursor = await fleet.queue.list_sessions(env, cursor, limit)
+    visible = [sid for sid in ids if principal.may_use(env, sid)]
+    infos = await asyncio.gather(*(fleet.queue.get_session(env, sid) for sid in visible))
+    return {"sessions": [{"session": sid, **(info or {})} for sid, info in zip(visible, infos, strict=True)],
+            "next_cursor": next_cursor}

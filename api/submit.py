@@ -1,0 +1,74 @@
+"""Submitting a job and answering for it: sync (wait, then the result), or async (202 + Location).
+
+One path for every job-creating route, so idempotency, async preference, the sync wait limit and
+the translation of a failed job into problem+json behave the same everywhere.
+"""
+
+from __future__ import annotations
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from api.fleet import Fleet
+from api.problems import ApiProblem, Conflict, IdempotencyConflict
+from common.job_json import job_to_json
+from common.metrics import JOBS_ENQUEUED
+from common.queue import EnqueueResult, JobKind, JobRecord, JobState, NewJob
+from common.queue import IdempotencyConflict as QueueIdempotencyConflict
+from common.secret_box import SEALED_ENV_KEY
+from common.tool_calls import ToolCall
+
+
+def wants_async(request: Request, body_flag: bool = False) -> bool:
+    """`Prefer: respond-async` (RFC 7240) or an `async` flag in the body."""
+    prefer = request.headers.get("prefer", "")
+    return body_flag or any(p.strip().lower() == "respond-async" for p in prefer.split(","))
+
+
+async def enqueue(fleet: Fleet, request: Request, job: NewJob, fingerprint: str) -> EnqueueResult:
+    """Enqueue with the request's Idempotency-Key (scoped to the principal by the queue)."""
+    key = request.headers.get("idempotency-key")
+    try:
+        result = await fleet.queue.enqueue(job, idempotency_key=key, fingerprint=fingerprint)
+    except QueueIdempotencyConflict as err:
+        raise IdempotencyConflict(
+            "this Idempotency-Key was used with a different request", job_id=err.job_id) from err
+    if result.created:
+        JOBS_ENQUEUED.labels(kind=str(job.kind)).inc()
+    return result
+
+
+def accepted(job: JobRecord) -> Response:
+    """202 with the job's location and JSON: the client polls, long-polls, streams or gets a callback."""
+    return JSONResponse(job_to_json(job), status_code=202,
+                        headers={"Location": f"/v1/jobs/{job.id}", "Preference-Applied": "respond-async"})
+
+
+def problem_of(job: JobRecord) -> ApiProblem:
+    """The problem+json a failed or cancelled job answers with on the sync route."""
+    if job.state == JobState.CANCELLED:
+        return Conflict("the job was cancelled before it finished", job_id=job.id)
+    return ApiProblem.from_dict({**(job.error or {"status": 500, "title": "job failed"}), "job_id": job.id})
+
+
+async def answer(fleet: Fleet, job_id: str, sync: bool, wait_s: float | None = None) -> Response:
+    """Wait for the job (sync) up to the configured limit; answer its body, its problem, or 202."""
+    if sync:
+        limit_s = wait_s if wait_s is not None else fleet.config.jobs.sync_wait_s
+        done = await fleet.waiter.wait(job_id, limit_s)
+        if done is not None and done.terminal:
+            if done.state == JobState.SUCCEEDED:
+                return JSONResponse(done.result or {})
+            raise problem_of(done)
+    job = await fleet.queue.get_job(job_id)
+    if job is None:  # expired between enqueue and now: only with absurdly short TTLs
+        raise Conflict("the job expired before it could be answered", job_id=job_id)
+    return accepted(job)
+
+
+def tool_job(fleet: Fleet, principal_id: str, env: str, sid: str, call: ToolCall) -> NewJob:
+    """The job of a tool call; env var values travel sealed (see common.secret_box)."""
+    secrets = {SEALED_ENV_KEY: fleet.secret_box.seal(call.env_variables)} if call.env_variables else None
+    return NewJob(environment=env, session_id=sid, kind=JobKind.TOOL, principal=principal_id,
+                  payload=call.job_payload(), secrets=secrets,
+                  callback_url=call.callback_url, callback_secret_id=call.callback_secret_id)

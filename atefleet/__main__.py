@@ -1,0 +1,5 @@
+"""`python -m atefleet`: the same as the `atefleet` command."""
+
+from atefleet.cli import main
+
+main()

@@ -1,0 +1,181 @@
+"""Guest benchmark: per-call latency of bash true / read_file 1 KiB / write_file 1 KiB against a
+real guest over its unix socket, next to the raw operation measured in the same run; plus the
+guest's RSS and its time from spawn to ready.
+
+Calls go through a minimal keep-alive HTTP/1.1 client on the socket, so the figures are the
+guest's cost (HTTP parse, routing, journal fsync, tool) rather than the client library's; the
+GuestClient (httpx) figure is printed too, for the worker's view.
+
+Run: .venv/bin/python bench/guest.py [--n 400]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from common.guest_client import GuestClient  # noqa: E402
+from common.guest_protocol import SESSION_HEADER, GuestAddress  # noqa: E402
+
+SESSION = "bench/session"
+
+
+class RawClient:
+    """Keep-alive HTTP/1.1 over a unix socket, JSON in and out; nothing else."""
+
+    def __init__(self, path: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(path)
+        self.buf = b""
+
+    def request(self, method: str, target: str, body: Any = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else b""
+        head = (f"{method} {target} HTTP/1.1\r\nhost: guest\r\n{SESSION_HEADER}: {SESSION}\r\n"
+                f"content-type: application/json\r\ncontent-length: {len(data)}\r\n\r\n")
+        self.sock.sendall(head.encode() + data)
+        while b"\r\n\r\n" not in self.buf:
+            self.buf += self.sock.recv(65536)
+        header, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        length = int(next(line.split(b":")[1] for line in header.split(b"\r\n")
+                          if line.lower().startswith(b"content-length")))
+        while len(self.buf) < length:
+            self.buf += self.sock.recv(65536)
+        payload, self.buf = self.buf[:length], self.buf[length:]
+        return json.loads(payload)
+
+
+def percentiles(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    return statistics.median(ordered) * 1000, ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000
+
+
+def timed(fn: Callable[[int], Any], n: int, warmup: int = 30) -> list[float]:
+    for i in range(warmup):
+        fn(-1 - i)
+    out = []
+    for i in range(n):
+        t = time.perf_counter()
+        fn(i)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def start_guest(tmp: Path, tag: str) -> tuple[subprocess.Popen[bytes], float]:
+    sock = str(tmp / f"{tag}.sock")
+    cmd = [sys.executable, "-m", "guest", "--uds", sock, "--workspace", str(tmp / "ws"),
+           "--state-dir", str(tmp / f"state-{tag}"), "--skills-dir", str(tmp / "skills")]
+    began = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=REPO, stderr=subprocess.DEVNULL)
+    while True:
+        try:
+            RawClient(sock).request("GET", "/readyz")
+            return proc, (time.perf_counter() - began) * 1000
+        except (FileNotFoundError, ConnectionRefusedError):
+            time.sleep(0.002)
+
+
+def rss_mb(pid: int) -> tuple[float, float]:
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=400)
+    n = parser.parse_args().n
+    tmp = Path(tempfile.mkdtemp(prefix="guest-bench-"))
+    (tmp / "ws").mkdir()
+    ready = []
+    for i in range(5):
+        p, ms = start_guest(tmp, f"r{i}")
+        ready.append(ms)
+        p.terminate()
+        p.wait()
+    proc, _ = start_guest(tmp, "main")
+    client = RawClient(str(tmp / "main.sock"))
+    ws = tmp / "ws"
+    (ws / "one_k.txt").write_bytes(b"x" * 1024)
+    payload = "y" * 1024
+    seq = iter(range(10**9))
+
+    def guest_call(tool: str, args: dict[str, Any]) -> Callable[[int], Any]:
+        def fn(_: int) -> Any:
+            view = client.request("POST", "/v1/executions",
+                                  {"job_id": f"b{next(seq)}", "tool": tool, "arguments": args, "wait_s": 5})
+            assert view["state"] == "finished" and not view["result"].get("is_error"), view
+        return fn
+
+    def raw_spawn(_: int) -> None:
+        subprocess.run(["/bin/sh", "-c", "true"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       stdin=subprocess.DEVNULL, start_new_session=True, check=True)
+
+    def raw_read(_: int) -> None:
+        with open(ws / "one_k.txt", "rb") as f:
+            f.read()
+
+    def raw_write(i: int) -> None:
+        tmpf = ws / f".raw.{i}.tmp"
+        with open(tmpf, "wb") as f:
+            f.write(payload.encode())
+        os.replace(tmpf, ws / "raw_out.txt")
+
+    results: dict[str, tuple[float, float]] = {}
+    # Interleave raw and guest runs so machine noise hits both alike.
+    for name, fn in [
+        ("raw_spawn", raw_spawn), ("bash_true", guest_call("bash", {"command": "true"})),
+        ("raw_read_1k", raw_read), ("read_1k", guest_call("read_file", {"path": "one_k.txt"})),
+        ("raw_write_1k", raw_write), ("write_1k", guest_call("write_file", {"path": "w.txt", "content": payload})),
+        ("readyz", lambda _: client.request("GET", "/readyz")),
+    ]:
+        results[name] = percentiles(timed(fn, n))
+        print(f"{name:14s} p50 {results[name][0]:7.3f} ms   p99 {results[name][1]:7.3f} ms")
+
+    async def via_guest_client() -> list[float]:
+        out = []
+        async with GuestClient(GuestAddress(uds=str(tmp / "main.sock")), session=SESSION) as gc:
+            for i in range(n // 2):
+                t = time.perf_counter()
+                await gc.run(f"gc{i}", "bash", {"command": "true"})
+                out.append(time.perf_counter() - t)
+        return out
+
+    gc_p50, gc_p99 = percentiles(asyncio.run(via_guest_client()))
+    print(f"{'bash_true via GuestClient (httpx)':34s} p50 {gc_p50:7.3f} ms   p99 {gc_p99:7.3f} ms")
+    rss, hwm = rss_mb(proc.pid)
+    proc.terminate()
+    proc.wait()
+    ready_ms = statistics.median(ready)
+    print(f"guest overhead p50: bash {results['bash_true'][0] - results['raw_spawn'][0]:.3f} ms, "
+          f"read {results['read_1k'][0] - results['raw_read_1k'][0]:.3f} ms, "
+          f"write {results['write_1k'][0] - results['raw_write_1k'][0]:.3f} ms")
+    print(f"guest RSS {rss:.1f} MB (peak {hwm:.1f} MB); ready in {ready_ms:.0f} ms (median of 5 starts)")
+    figures = {
+        "bash_true_p50_ms": results["bash_true"][0], "bash_true_p99_ms": results["bash_true"][1],
+        "raw_spawn_p50_ms": results["raw_spawn"][0], "raw_spawn_p99_ms": results["raw_spawn"][1],
+        "read_1k_p50_ms": results["read_1k"][0], "read_1k_p99_ms": results["read_1k"][1],
+        "raw_read_1k_p50_ms": results["raw_read_1k"][0],
+        "write_1k_p50_ms": results["write_1k"][0], "write_1k_p99_ms": results["write_1k"][1],
+        "raw_write_1k_p50_ms": results["raw_write_1k"][0],
+        "readyz_p50_ms": results["readyz"][0],
+        "bash_true_guest_client_p50_ms": gc_p50,
+        "guest_rss_mb": rss, "guest_peak_rss_mb": hwm, "guest_ready_ms": ready_ms,
+    }
+    print(json.dumps({k: round(v, 3) for k, v in figures.items()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""The durable per-session FIFO job queue on Redis (see ARCHITECTURE.md, "Redis data model").
+
+- `Queue`: enqueue (idempotent, batch), read/cancel jobs, output, sessions; the worker-side
+  fenced operations; the reconciler's repair primitives.
+- `Consumer` + `JobContext`: the worker runtime driving a handler callback.
+- `JobWaiter`: wait for terminal jobs over one shared subscription.
+- `keys`: every key name; `scripts`: the Lua scripts (in `lua/`) and their typed calls.
+"""
+
+from common.queue.consumer import Consumer
+from common.queue.context import Handler, JobContext
+from common.queue.keys import Keys, session_name, split_session
+from common.queue.models import (
+    TERMINAL_STATES,
+    EnqueueResult,
+    HandlerOutcome,
+    IdempotencyConflict,
+    JobCancelled,
+    JobFailed,
+    JobKind,
+    JobRecord,
+    JobState,
+    LeaseLost,
+    NewJob,
+    QueueError,
+    RetryLater,
+)
+from common.queue.queue import Queue
+from common.queue.scripts import Acquired, Lease
+from common.queue.waiter import JobWaiter
+
+__all__ = [
+    "TERMINAL_STATES",
+    "Acquired",
+    "Consumer",
+    "EnqueueResult",
+    "Handler",
+    "HandlerOutcome",
+    "IdempotencyConflict",
+    "JobCancelled",
+    "JobContext",
+    "JobFailed",
+    "JobKind",
+    "JobRecord",
+    "JobState",
+    "JobWaiter",
+    "Keys",
+    "Lease",
+    "LeaseLost",
+    "NewJob",
+    "Queue",
+    "QueueError",
+    "RetryLater",
+    "session_name",
+    "split_session",
+]

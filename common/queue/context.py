@@ -1,0 +1,62 @@
+"""JobContext: what a Consumer handler sees of its job, with fenced writes to the queue."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from common.queue.models import JobRecord
+from common.queue.queue import Queue
+from common.queue.scripts import Lease
+
+
+class JobContext:
+    """One job being executed under one lease.
+
+    `cancelled` is set when the job gets a cancel request or the lease is lost (`lease_lost`
+    tells which). Every write is fenced by the lease: after a loss it raises `LeaseLost`.
+    """
+
+    def __init__(self, queue: Queue, lease: Lease, job: JobRecord) -> None:
+        self.queue = queue
+        self.lease = lease
+        self.job = job
+        self.cancelled = asyncio.Event()
+        self.lease_lost = False
+        if job.cancel_requested:
+            self.cancelled.set()
+
+    @property
+    def epoch(self) -> int:
+        return self.lease.epoch
+
+    @property
+    def cancel_requested(self) -> bool:
+        """A client asked to cancel (as opposed to the lease being lost)."""
+        return self.cancelled.is_set() and not self.lease_lost
+
+    async def append_output(self, stream: str, data: str) -> str:
+        """Append a chunk (`stdout`/`stderr`) to the job's capped output stream; the entry id."""
+        return await self.queue.append_output(self.lease, self.job.id, stream, data)
+
+    async def take_secrets(self) -> dict[str, str] | None:
+        """The job's per-call secrets, deleted from Redis by this call (None when none/taken)."""
+        return await self.queue.take_secrets(self.lease, self.job.id)
+
+    async def update_session(self, **fields: str | int | float) -> None:
+        """Fenced HSET of worker-maintained session fields (state, actor, last_activity, ...)."""
+        await self.queue.update_session(self.lease, {k: str(v) for k, v in fields.items()})
+
+    async def session(self) -> dict[str, str]:
+        """The session hash as it is now."""
+        env, sid = self.job.environment, self.job.session_id
+        return await self.queue.get_session(env, sid) or {}
+
+    async def peek_next_job(self) -> JobRecord | None:
+        """The next queued job of this session (e.g. to coalesce an auto-resume)."""
+        return await self.queue.peek_next_job(self.lease.session)
+
+
+#: A handler runs one job; its return value is the job's result (state succeeded).
+Handler = Callable[[JobContext], Coroutine[Any, Any, dict[str, Any]]]

@@ -1,0 +1,128 @@
+"""Every Redis key name and channel the queue uses, built in one place.
+
+Per-session keys carry the session as a hash tag, `{env/sid}`, so that one session's keys would
+share a slot on a cluster. The scripts also touch the fleet-wide keys (`ready`, `events`, ...), so
+the queue as a whole needs a single Redis node; the tags are for locality, not for Cluster.
+
+Lua scripts receive the keys the caller knows as KEYS. Keys a script discovers while running (the
+next job of a FIFO, the sessions found in `active` or `delayed`) are built in Lua by the prelude
+that `lua_prelude` generates from the same templates, so key shapes are written down once, here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Consumer group of the `ready` stream that all workers read with.
+READY_GROUP = "workers"
+
+
+def session_name(environment: str, session_id: str) -> str:
+    """The string form of a session, `env/sid`, used in keys, events and headers."""
+    return f"{environment}/{session_id}"
+
+
+def split_session(name: str) -> tuple[str, str]:
+    """Inverse of `session_name`: environment names contain no '/', session ids may."""
+    env, _, sid = name.partition("/")
+    return env, sid
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Key names under one prefix (`config.redis_prefix`)."""
+
+    prefix: str
+
+    # -- fleet-wide keys -------------------------------------------------------------------------
+    @property
+    def ready(self) -> str:
+        """Stream (group `workers`): one entry per session that has work and no owner."""
+        return f"{self.prefix}ready"
+
+    @property
+    def events(self) -> str:
+        """Stream of job state changes."""
+        return f"{self.prefix}events"
+
+    @property
+    def dlq(self) -> str:
+        """Stream of jobs that exhausted their attempts."""
+        return f"{self.prefix}dlq"
+
+    @property
+    def delayed(self) -> str:
+        """Zset session → unix ms when its retry backoff ends."""
+        return f"{self.prefix}delayed"
+
+    @property
+    def active(self) -> str:
+        """Zset session → unix ms when its lease expires (owned sessions only)."""
+        return f"{self.prefix}active"
+
+    @property
+    def work(self) -> str:
+        """Zset session → unix ms of the first enqueue: sessions whose FIFO is not empty."""
+        return f"{self.prefix}work"
+
+    @property
+    def done_channel(self) -> str:
+        """Pub/sub channel: `<job id> <state>` on every terminal transition (for JobWaiter)."""
+        return f"{self.prefix}ch:done"
+
+    @property
+    def cancel_channel(self) -> str:
+        """Pub/sub channel: `<job id>` when a running job is asked to cancel (for Consumer)."""
+        return f"{self.prefix}ch:cancel"
+
+    # -- per job ---------------------------------------------------------------------------------
+    def job(self, job_id: str) -> str:
+        """Hash: the job record; TTL once terminal."""
+        return f"{self.prefix}job:{job_id}"
+
+    def output(self, job_id: str) -> str:
+        """Stream, capped: output chunks and a final end marker."""
+        return f"{self.prefix}out:{job_id}"
+
+    def secrets(self, job_id: str) -> str:
+        """String (JSON): per-call secret env vars, deleted once consumed or at any terminal state."""
+        return f"{self.prefix}sec:{job_id}"
+
+    # -- per session -----------------------------------------------------------------------------
+    def fifo(self, session: str) -> str:
+        """List: the session's FIFO of job ids (head = running or next)."""
+        return f"{self.prefix}sq:{{{session}}}"
+
+    def session(self, session: str) -> str:
+        """Hash: queue bookkeeping (`epoch`, `nid`) plus the fields the worker maintains."""
+        return f"{self.prefix}sess:{{{session}}}"
+
+    def lease(self, session: str) -> str:
+        """String with PX TTL: `<worker>:<epoch>` of the session's owner."""
+        return f"{self.prefix}lease:{{{session}}}"
+
+    def idempotency(self, principal: str, key: str) -> str:
+        """String with PX TTL: `<job id> <fingerprint>`."""
+        return f"{self.prefix}idem:{principal}:{key}"
+
+    def session_index(self, environment: str) -> str:
+        """Zset (all scores 0) of the environment's session ids, for listing by lexical cursor."""
+        return f"{self.prefix}sessions:{environment}"
+
+    def lua_prelude(self) -> str:
+        """Lua functions building the same names as the methods above, for keys found at run time."""
+        p = _lua_string(self.prefix)
+        return (
+            f"local function job_key(j) return {p} .. 'job:' .. j end\n"
+            f"local function out_key(j) return {p} .. 'out:' .. j end\n"
+            f"local function sec_key(j) return {p} .. 'sec:' .. j end\n"
+            f"local function fifo_key(s) return {p} .. 'sq:{{' .. s .. '}}' end\n"
+            f"local function sess_key(s) return {p} .. 'sess:{{' .. s .. '}}' end\n"
+            f"local function lease_key(s) return {p} .. 'lease:{{' .. s .. '}}' end\n"
+        )
+
+
+def _lua_string(value: str) -> str:
+    """A Lua string literal for `value` (prefixes are plain, but quote defensively)."""
+    escaped = value.replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{escaped}'"

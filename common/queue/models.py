@@ -1,0 +1,218 @@
+"""The queue's data types: job states and kinds, new jobs, job records, and the errors.
+
+Exceptions (one hierarchy for the queue boundary):
+
+    QueueError
+     ├── IdempotencyConflict   same idempotency key, different request fingerprint
+     └── LeaseLost             a fenced write was refused: the caller no longer owns the session
+
+Handler outcomes (raised by a Consumer handler, not errors of the queue itself):
+
+    HandlerOutcome
+     ├── RetryLater(reason, delay_s)   infrastructure failure: keep the job at the head, back off
+     ├── JobFailed(problem)            permanent failure: the job fails with this problem+json
+     └── JobCancelled(detail)          the handler stopped the execution because of ctx.cancelled
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from common.queue.keys import split_session
+
+
+class JobState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+#: States a job never leaves.
+TERMINAL_STATES: frozenset[JobState] = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+
+class JobKind(StrEnum):
+    RESUME = "resume"
+    SUSPEND = "suspend"
+    DESTROY = "destroy"
+    SUSPEND_IF_IDLE = "suspend_if_idle"
+    TOOL = "tool"
+
+
+#: problem+json `type` of the queue's own failures.
+PROBLEM_RETRIES_EXHAUSTED = "urn:atefleet:problem:retries-exhausted"
+PROBLEM_CANCELLED = "urn:atefleet:problem:cancelled"
+
+
+class QueueError(Exception):
+    """Base of the queue's errors."""
+
+
+class IdempotencyConflict(QueueError):
+    """The idempotency key was used before with a different request."""
+
+    def __init__(self, key: str, job_id: str) -> None:
+        super().__init__(f"idempotency key {key!r} was used for a different request (job {job_id})")
+        self.key = key
+        self.job_id = job_id
+
+
+class LeaseLost(QueueError):
+    """A fenced script found another lease value (or none): this worker no longer owns the session."""
+
+
+class HandlerOutcome(Exception):
+    """Base of what a handler raises to end a job other than by returning its result."""
+
+
+class RetryLater(HandlerOutcome):
+    """Infrastructure failure: retry the job in place after a backoff (delay_s, or exponential)."""
+
+    def __init__(self, reason: str, delay_s: float | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.delay_s = delay_s
+
+
+class JobFailed(HandlerOutcome):
+    """Permanent failure with a problem+json body (type, title, status, detail, ...)."""
+
+    def __init__(self, problem: dict[str, Any]) -> None:
+        super().__init__(problem.get("detail") or problem.get("title") or "job failed")
+        self.problem = problem
+
+
+class JobCancelled(HandlerOutcome):
+    """The handler honoured a cancel request; the job ends as cancelled."""
+
+    def __init__(self, detail: str = "cancelled on request") -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A job to enqueue. `secrets` are stored apart and never appear in the record or events."""
+
+    environment: str
+    session_id: str
+    kind: JobKind
+    payload: dict[str, Any]
+    principal: str
+    callback_url: str | None = None
+    callback_secret_id: str | None = None
+    secrets: dict[str, str] | None = None
+
+    @property
+    def session(self) -> str:
+        return f"{self.environment}/{self.session_id}"
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    job_id: str
+    #: False when an idempotency key matched an earlier job with the same fingerprint.
+    created: bool
+
+
+@dataclass
+class JobRecord:
+    id: str
+    environment: str
+    session_id: str
+    kind: JobKind
+    state: JobState
+    payload: dict[str, Any]
+    principal: str
+    callback_url: str | None
+    callback_secret_id: str | None
+    attempts: int
+    epoch: int
+    created_at: float | None
+    started_at: float | None
+    finished_at: float | None
+    result: dict[str, Any] | None
+    error: dict[str, Any] | None
+    cancel_requested: bool
+    webhook_attempts: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def session(self) -> str:
+        return f"{self.environment}/{self.session_id}"
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @classmethod
+    def from_fields(cls, job_id: str, raw: Mapping[Any, Any]) -> JobRecord:
+        """Build from the job hash (short field names, see enqueue.lua); bytes or str accepted."""
+        f = {text(k): text(v) for k, v in raw.items()}
+        env, sid = split_session(f["s"])
+        return cls(
+            id=job_id,
+            environment=env,
+            session_id=sid,
+            kind=JobKind(f["k"]),
+            state=JobState(f["st"]),
+            payload=json.loads(f.get("pl") or "{}"),
+            principal=f.get("pr", ""),
+            callback_url=f.get("cb") or None,
+            callback_secret_id=f.get("cbs") or None,
+            attempts=int(f.get("at") or 0),
+            epoch=int(f.get("ep") or 0),
+            created_at=_ms_to_s(f.get("ct")),
+            started_at=_ms_to_s(f.get("sa")),
+            finished_at=_ms_to_s(f.get("fa")),
+            result=_json_or_none(f.get("res")),
+            error=_json_or_none(f.get("err")),
+            cancel_requested=f.get("cx") == "1",
+            webhook_attempts=json.loads(f.get("wh") or "[]"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready view (the API's job representation builds on it)."""
+        return {
+            "id": self.id,
+            "environment": self.environment,
+            "session_id": self.session_id,
+            "kind": str(self.kind),
+            "state": str(self.state),
+            "payload": self.payload,
+            "principal": self.principal,
+            "callback_url": self.callback_url,
+            "callback_secret_id": self.callback_secret_id,
+            "attempts": self.attempts,
+            "epoch": self.epoch,
+            "created_at": self.created_at,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "result": self.result,
+            "error": self.error,
+            "cancel_requested": self.cancel_requested,
+            "webhook_attempts": self.webhook_attempts,
+        }
+
+
+def text(value: Any) -> str:
+    """Redis replies as str whether the client decodes responses or not."""
+    if isinstance(value, bytes):
+        return value.decode()
+    return str(value)
+
+
+def _ms_to_s(value: str | None) -> float | None:
+    return int(value) / 1000.0 if value else None
+
+
+def _json_or_none(value: str | None) -> dict[str, Any] | None:
+    if not value:
+        return None
+    loaded: dict[str, Any] = json.loads(value)
+    return loaded

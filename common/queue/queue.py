@@ -1,0 +1,308 @@
+"""Queue: the durable per-session FIFO job queue on one Redis.
+
+The API side enqueues (single or batch, idempotent), reads jobs, cancels, reads output and sessions.
+The worker side (normally through `Consumer`) reads `ready`, acquires a session's lease and its head
+job, completes/fails/retries fenced by the lease, and releases. The reconciler calls the repair
+primitives. Bookkeeping (ids, fingerprints, backoff, config) lives here; storage work is one Lua
+script per operation in `QueueScripts`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from common.config import Config
+from common.queue.keys import READY_GROUP, Keys, session_name
+from common.queue.models import (
+    PROBLEM_CANCELLED,
+    PROBLEM_RETRIES_EXHAUSTED,
+    EnqueueResult,
+    JobRecord,
+    JobState,
+    NewJob,
+    text,
+)
+from common.queue.scripts import Acquired, Lease, QueueScripts, TerminalArgs
+
+#: Lifetime of an output stream that holds only the end marker (the job wrote no output): long
+#: enough to wake readers already blocked on it; later readers see the terminal record instead.
+END_MARKER_TTL_MS = 10_000
+
+#: Entry id returned for the end marker of a job whose (output-less) stream has expired.
+SYNTHETIC_END_ID = "0-1"
+
+#: Session hash fields the queue owns; `update_session` refuses them.
+RESERVED_SESSION_FIELDS = frozenset({"epoch", "nid"})
+
+OutputEntry = tuple[str, dict[str, str]]
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def new_job_id() -> str:
+    """80 random bits, hex: unguessable and short (it is stored in every FIFO and event)."""
+    return os.urandom(10).hex()
+
+
+def fingerprint_of(job: NewJob) -> str:
+    """What makes two requests "the same" for idempotency: everything but secret values."""
+    doc = {
+        "session": job.session,
+        "kind": str(job.kind),
+        "payload": job.payload,
+        "callback_url": job.callback_url,
+        "callback_secret_id": job.callback_secret_id,
+        "secret_names": sorted(job.secrets or {}),
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+class Queue:
+    """The queue's async API over one redis.asyncio client (see module docstring)."""
+
+    def __init__(self, redis: Redis, config: Config, end_marker_ttl_ms: int = END_MARKER_TTL_MS) -> None:
+        self.redis = redis
+        self.config = config
+        self.keys = Keys(config.redis_prefix)
+        self.scripts = QueueScripts(redis, self.keys)
+        self.terminal = TerminalArgs(
+            ttl_ms=int(config.jobs.ttl_s * 1000),
+            end_ttl_ms=end_marker_ttl_ms,
+            output_maxlen=config.jobs.output_stream_maxlen,
+        )
+        self.lease_ttl_ms = int(config.workers.lease_ttl_s * 1000)
+
+    # -- API side --------------------------------------------------------------------------------
+    async def enqueue(
+        self, job: NewJob, idempotency_key: str | None = None, fingerprint: str | None = None
+    ) -> EnqueueResult:
+        """Record the job and append it to its session's FIFO; raises IdempotencyConflict."""
+        (result,) = await self.enqueue_batch([job], [idempotency_key], [fingerprint])
+        return result
+
+    async def enqueue_batch(
+        self,
+        jobs: Sequence[NewJob],
+        idempotency_keys: Sequence[str | None] | None = None,
+        fingerprints: Sequence[str | None] | None = None,
+    ) -> list[EnqueueResult]:
+        """All jobs in one script: all or none; per-session order = list order."""
+        if not jobs:
+            return []
+        idem = list(idempotency_keys or [None] * len(jobs))
+        prints = list(fingerprints or [None] * len(jobs))
+        rows = [
+            (new_job_id(), job, idem[i], prints[i] or fingerprint_of(job)) for i, job in enumerate(jobs)
+        ]
+        idem_ttl_ms = int(self.config.jobs.idempotency_ttl_s * 1000)
+        done = await self.scripts.enqueue(rows, now_ms(), idem_ttl_ms)
+        return [EnqueueResult(jid, created) for jid, created in done]
+
+    async def get_job(self, job_id: str) -> JobRecord | None:
+        raw = await self.redis.hgetall(self.keys.job(job_id))  # type: ignore[misc]
+        return JobRecord.from_fields(job_id, raw) if raw else None
+
+    async def cancel(self, job_id: str) -> JobRecord | None:
+        """Queued: removed from its FIFO, cancelled. Running: flagged; its worker is told."""
+        problem = {"type": PROBLEM_CANCELLED, "title": "Job cancelled", "status": 409,
+                   "detail": "cancelled on request before it started"}
+        outcome = await self.scripts.cancel(job_id, now_ms(), self.terminal, problem)
+        if outcome == "missing":
+            return None
+        return await self.get_job(job_id)
+
+    async def read_output(
+        self, job_id: str, after: str = "0-0", block_ms: int = 0, count: int = 1000
+    ) -> list[OutputEntry]:
+        """Output entries after `after` (`{"stream", "data"}`, finally `{"event": "end"}`)."""
+        key = self.keys.output(job_id)
+        entries = await self.redis.xrange(key, min=f"({after}", count=count)
+        if entries:
+            return _entries(entries)
+        if not await self.redis.exists(key):
+            job = await self.get_job(job_id)
+            if job is None:
+                return []
+            if job.terminal:
+                return [] if after == SYNTHETIC_END_ID else [(SYNTHETIC_END_ID, {"event": "end"})]
+        if block_ms <= 0:
+            return []
+        got = await self.redis.xread({key: after}, count=count, block=block_ms)
+        return _entries(got[0][1]) if got else []
+
+    async def get_session(self, environment: str, session_id: str) -> dict[str, str] | None:
+        raw = await self.redis.hgetall(self.keys.session(session_name(environment, session_id)))  # type: ignore[misc]
+        return {text(k): text(v) for k, v in raw.items()} or None
+
+    async def list_sessions(
+        self, environment: str, cursor: str = "", count: int = 100
+    ) -> tuple[list[str], str | None]:
+        """Session ids in lexical order after `cursor`; (page, next cursor or None at the end)."""
+        low = f"({cursor}" if cursor else "-"
+        raw = await self.redis.zrangebylex(self.keys.session_index(environment), low, "+", start=0, num=count)
+        page = [text(x) for x in raw]
+        return page, (page[-1] if len(page) == count else None)
+
+    async def queue_depth(self, environment: str, session_id: str) -> int:
+        """Jobs in the session's FIFO, the running one included."""
+        return int(await self.redis.llen(self.keys.fifo(session_name(environment, session_id))))  # type: ignore[misc]
+
+    async def record_webhook_attempt(self, job_id: str, attempt: dict[str, Any]) -> int:
+        """Append a delivery attempt to the job record; the count, or 0 when the job is gone."""
+        return await self.scripts.record_webhook(job_id, attempt)
+
+    # -- worker side -----------------------------------------------------------------------------
+    async def ensure_group(self) -> None:
+        """Create the `ready` stream's consumer group (from the start of the stream) if missing."""
+        try:
+            await self.redis.xgroup_create(self.keys.ready, READY_GROUP, id="0", mkstream=True)
+        except ResponseError as err:
+            if "BUSYGROUP" not in str(err):
+                raise
+
+    async def read_ready(self, consumer: str, count: int, block_ms: int) -> list[tuple[str, str]]:
+        """New `ready` entries for this consumer: [(entry id, session)]. Blocks up to block_ms."""
+        try:
+            got = await self.redis.xreadgroup(
+                READY_GROUP, consumer, {self.keys.ready: ">"}, count=count, block=block_ms
+            )
+        except ResponseError as err:
+            if "NOGROUP" not in str(err):
+                raise
+            await self.ensure_group()  # Redis came back without the group (data lost or flushed)
+            return []
+        if not got:
+            return []
+        return [(text(eid), text(fields.get(b"s", fields.get("s", "")))) for eid, fields in got[0][1]]
+
+    async def acquire(self, entry_id: str, session: str, worker_id: str) -> Acquired:
+        """Consume a `ready` entry; on success the lease (new epoch) and the head job, running."""
+        return await self.scripts.acquire(entry_id, session, worker_id, self.lease_ttl_ms, now_ms())
+
+    async def complete(
+        self, lease: Lease, job_id: str, state: JobState, *, result: dict[str, Any] | None = None,
+        error: dict[str, Any] | None = None, take_next: bool = False,
+    ) -> JobRecord | None:
+        """Fenced terminal transition; then the next job (running) when take_next, else release.
+
+        Returns the next job, or None when the session was released. Raises LeaseLost.
+        """
+        field, value = ("res", result) if result is not None else ("err", error)
+        encoded = json.dumps(value, separators=(",", ":")) if value is not None else ""
+        field = field if value is not None else ""
+        return await self.scripts.complete(
+            lease, job_id, str(state), field, encoded, now_ms(), self.terminal, take_next, self.lease_ttl_ms
+        )
+
+    async def retry_later(
+        self, lease: Lease, job_id: str, reason: str, attempts: int, delay_s: float | None = None
+    ) -> tuple[str, int]:
+        """Fenced: job stays at the head, session backs off and is released.
+
+        `attempts` is the job's count before this failure (sets the exponential backoff).
+        Returns ('retry', attempts) or ('dead', attempts) when it failed into the DLQ.
+        """
+        w = self.config.workers
+        if delay_s is None:
+            delay_s = min(w.retry_backoff_max_s, w.retry_backoff_base_s * 2**attempts)
+            delay_s *= 1 + random.random() * 0.1  # jitter: spread retries of a shared outage
+        problem = {"type": PROBLEM_RETRIES_EXHAUSTED, "title": "Infrastructure retries exhausted",
+                   "status": 503, "detail": reason}
+        return await self.scripts.retry(
+            lease, job_id, reason, now_ms(), int(delay_s * 1000), w.max_attempts, self.terminal, problem
+        )
+
+    async def release(self, lease: Lease) -> bool:
+        """Fenced release (re-notifies when work remains); False when the lease was already lost."""
+        return await self.scripts.release(lease)
+
+    async def renew(self, leases: Sequence[tuple[Lease, str | None]]) -> list[int]:
+        """Renew many leases at once: per lease 0 lost, 1 renewed, 2 renewed + cancel requested."""
+        if not leases:
+            return []
+        return await self.scripts.renew(leases, self.lease_ttl_ms, now_ms())
+
+    async def append_output(self, lease: Lease, job_id: str, stream: str, data: str) -> str:
+        return await self.scripts.append_output(lease, job_id, stream, data, self.terminal.output_maxlen)
+
+    async def take_secrets(self, lease: Lease, job_id: str) -> dict[str, str] | None:
+        return await self.scripts.take_secrets(lease, job_id)
+
+    async def update_session(self, lease: Lease, fields: dict[str, str]) -> None:
+        reserved = RESERVED_SESSION_FIELDS.intersection(fields)
+        if reserved:
+            raise ValueError(f"session fields {sorted(reserved)} belong to the queue")
+        if fields:
+            await self.scripts.update_session(lease, fields)
+
+    async def peek_next_job(self, session: str) -> JobRecord | None:
+        """The job after the head (the running one) of the session's FIFO, if any."""
+        jid = await self.redis.lindex(self.keys.fifo(session), 1)  # type: ignore[misc]
+        return await self.get_job(text(jid)) if jid else None
+
+    # -- reconciler repair primitives --------------------------------------------------------------
+    async def repair_expired_leases(self, limit: int = 1000) -> int:
+        """Sessions whose lease expired: new epoch, re-notified when work remains."""
+        return await self.scripts.repair_leases(now_ms(), limit)
+
+    async def notify_due_delayed(self, limit: int = 1000) -> int:
+        """Sessions whose retry backoff is over: notified again."""
+        return await self.scripts.notify_delayed(now_ms(), limit)
+
+    async def claim_stale_ready(self, min_idle_ms: int | None = None, count: int = 1000) -> int:
+        """`ready` entries read but never acted on (reader died) are replaced by fresh ones."""
+        idle = self.lease_ttl_ms if min_idle_ms is None else min_idle_ms
+        try:
+            raw = await self.redis.execute_command(  # type: ignore[no-untyped-call]
+                "XAUTOCLAIM", self.keys.ready, READY_GROUP, "reconciler", idle, "0-0", "COUNT", count
+            )
+        except ResponseError as err:
+            if "NOGROUP" not in str(err):
+                raise
+            await self.ensure_group()
+            return 0
+        # Redis 6.2 answers [cursor, entries]; 7 adds a third element (deleted ids).
+        entries = [(text(e[0]), _field(e[1], "s")) for e in raw[1] if e]
+        return await self.scripts.renotify(entries) if entries else 0
+
+    async def notify_orphaned_work(self, page: int = 500) -> int:
+        """Sessions with work, no owner, no backoff and no live notification: notified."""
+        start, notified = 0, 0
+        while True:
+            n, seen = await self.scripts.notify_orphans(start, page)
+            notified += n
+            if seen < page:
+                return notified
+            start += page
+
+    async def repair(self) -> dict[str, int]:
+        """All four repairs, in the order that lets one pass fix a crashed worker's session."""
+        return {
+            "expired_leases": await self.repair_expired_leases(),
+            "due_delayed": await self.notify_due_delayed(),
+            "stale_ready": await self.claim_stale_ready(),
+            "orphaned_work": await self.notify_orphaned_work(),
+        }
+
+
+def _field(flat: Any, name: str) -> str:
+    """A field of a raw stream entry ([k, v, ...] list or dict)."""
+    if isinstance(flat, dict):
+        return text(flat.get(name.encode(), flat.get(name, "")))
+    pairs = {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat), 2)}
+    return pairs.get(name, "")
+
+
+def _entries(raw: Sequence[Any]) -> list[OutputEntry]:
+    return [(text(eid), {text(k): text(v) for k, v in fields.items()}) for eid, fields in raw]

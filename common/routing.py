@@ -1,0 +1,78 @@
+"""How a worker reaches the guest of a RUNNING actor, behind one interface.
+
+- local (embedded local_substrate): the guest listens on a per-slot unix socket that the local
+  Substrate bind-mounts out of the sandbox; the slot is the actor's `pod_name` in a fresh RUNNING
+  answer (slots are reused, so never remember it across resumes).
+- cluster: every actor is reached through the atenet router, which picks the actor by the Host
+  header `<actor>.<atespace>.actors.resources.substrate.ate.dev`.
+
+Either way the worker must still check the guest's identity (`X-Atefleet-Session`): a slot or pod
+may serve another actor by the time a request lands.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from common.config import Config
+from common.guest_protocol import GuestAddress
+from common.substrate import Actor, ActorNotRunning, ActorStatus
+
+#: Host suffix the atenet router selects actors by.
+ACTOR_HOST_SUFFIX = "actors.resources.substrate.ate.dev"
+#: Longest path a unix socket address can hold (sun_path minus the NUL).
+MAX_UDS_PATH = 107
+
+
+def local_substrate_dir(config: Config) -> Path:
+    """The embedded local Substrate's state directory."""
+    return Path(config.state_dir).resolve() / "local-substrate"
+
+
+def local_guest_socket(root: Path, slot: str) -> Path:
+    """The guest socket of `slot` under a local Substrate state dir `root`."""
+    return root / "sock" / slot / "guest.sock"
+
+
+class GuestRouter(Protocol):
+    async def address(self, actor: Actor) -> GuestAddress:
+        """Where the guest of this freshly fetched RUNNING actor listens."""
+        ...
+
+
+def _require_running(actor: Actor) -> None:
+    if actor.status is not ActorStatus.RUNNING:
+        raise ActorNotRunning(f"actor {actor.atespace}/{actor.name} is {actor.status.value}, not running")
+
+
+class LocalGuestRouter:
+    """Guests of the embedded local Substrate: one unix socket per slot."""
+
+    def __init__(self, config: Config) -> None:
+        self._root = local_substrate_dir(config)
+
+    async def address(self, actor: Actor) -> GuestAddress:
+        _require_running(actor)
+        if not actor.pod_name:
+            raise ActorNotRunning(f"actor {actor.atespace}/{actor.name} has no slot")
+        return GuestAddress(uds=str(local_guest_socket(self._root, actor.pod_name)))
+
+
+class ClusterGuestRouter:
+    """Guests behind Substrate's atenet router, selected by Host header."""
+
+    def __init__(self, router_url: str) -> None:
+        self._base_url = router_url.rstrip("/")
+
+    async def address(self, actor: Actor) -> GuestAddress:
+        _require_running(actor)
+        host = f"{actor.name}.{actor.atespace}.{ACTOR_HOST_SUFFIX}"
+        return GuestAddress(base_url=self._base_url, headers={"Host": host})
+
+
+def make_router(config: Config) -> GuestRouter:
+    """The local router when Substrate is embedded (`ate.ateapi` empty), else the cluster one."""
+    if not config.ate.ateapi:
+        return LocalGuestRouter(config)
+    return ClusterGuestRouter(config.ate.router_url)

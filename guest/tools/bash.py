@@ -1,0 +1,187 @@
+"""The bash tool: `sh -c` in its own process group, bounded output, timeout, background mode.
+
+Seed-compatible `output` (what the seed's HTTP API answered): on exit code 0 the stdout text
+followed by the stderr text; otherwise `Error: exit code N: <stderr> (stdout: <stdout>)`, the
+seed's own format; on timeout `Error: timed out after Ns (process group killed): ...`.
+The structured fields carry each stream apart, exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+from guest.output import BoundedOutput
+from guest.spawn import command_env, exit_status, spawn_shell, stop_group
+from guest.tools.base import (
+    Result,
+    ToolContext,
+    ToolError,
+    arg_bool,
+    arg_float,
+    arg_opt_str,
+    limit_error,
+)
+
+#: Read size of the output pumps.
+CHUNK_BYTES = 65536
+
+#: After the shell exits, how long its children may keep the pipes open before we stop reading.
+PIPE_DRAIN_S = 0.5
+
+
+def _command(args: dict[str, Any]) -> str:
+    for name in ("command", "cmd", "code"):
+        value = arg_opt_str(args, name)
+        if value:
+            return value
+    raise ToolError("'command' argument is required")
+
+
+def _env(ctx: ToolContext, args: dict[str, Any], cwd: str) -> dict[str, str]:
+    extra = args.get("env") or {}
+    if not isinstance(extra, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in extra.items()):
+        raise ToolError("'env' must be an object of string values")
+    return command_env(ctx.paths.root, cwd, {**extra, **ctx.env})
+
+
+def _timeout(ctx: ToolContext, args: dict[str, Any]) -> float:
+    timeout = arg_float(args, "timeout")
+    if timeout is None:
+        return float(ctx.limits["timeout_default_s"])
+    if timeout <= 0:
+        raise ToolError("'timeout' must be > 0")
+    if timeout > ctx.limits["timeout_max_s"]:
+        raise limit_error("timeout_max_s", ctx.limits["timeout_max_s"], f"timeout {timeout:g}s")
+    return timeout
+
+
+def _cwd(ctx: ToolContext, args: dict[str, Any]) -> str:
+    if args.get("cwd") in (None, ""):
+        return ctx.paths.root
+    cwd = ctx.paths.resolve(args["cwd"], "cwd", write=True)
+    if not os.path.isdir(cwd):
+        raise ToolError(f"cwd {args['cwd']!r} is not a directory")
+    return cwd
+
+
+async def run(ctx: ToolContext, args: dict[str, Any]) -> Result:
+    command = _command(args)
+    cwd = _cwd(ctx, args)
+    env = _env(ctx, args, cwd)
+    stdin = arg_opt_str(args, "stdin")
+    if arg_bool(args, "background"):
+        return await _background(ctx, command, cwd, env, stdin)
+    return await _foreground(ctx, command, cwd, env, stdin, _timeout(ctx, args))
+
+
+async def _background(ctx: ToolContext, command: str, cwd: str, env: dict[str, str], stdin: str | None) -> Result:
+    record = await ctx.processes.start(command, cwd, env, ctx.job_id)
+    bp = ctx.processes.get(record.process_id)
+    if stdin and bp.proc is not None and bp.proc.stdin is not None:
+        bp.proc.stdin.write(stdin.encode())
+    return {
+        "output": f"Started background process {record.process_id} (pid {record.pid}); "
+        "use the process tool to read its logs.",
+        "process_id": record.process_id,
+        "pid": record.pid,
+    }
+
+
+async def _pump(reader: asyncio.StreamReader, out: BoundedOutput, ctx: ToolContext) -> None:
+    while chunk := await reader.read(CHUNK_BYTES):
+        out.write(chunk)
+        ctx.notify()
+
+
+async def _feed(proc: asyncio.subprocess.Process, data: str) -> None:
+    if proc.stdin is None:
+        return
+    try:
+        proc.stdin.write(data.encode())
+        await proc.stdin.drain()
+        proc.stdin.close()
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the command did not read all of its stdin: not an error of ours
+
+
+async def _foreground(
+    ctx: ToolContext, command: str, cwd: str, env: dict[str, str], stdin: str | None, timeout: float
+) -> Result:
+    ctx.processes.check_capacity()
+    ctx.processes.foreground += 1
+    started = time.monotonic()
+    try:
+        proc = await spawn_shell(command, cwd, env, stdin=stdin is not None)
+    except OSError as err:
+        ctx.processes.foreground -= 1
+        raise ToolError(f"cannot start sh: {err}") from err
+    try:
+        return await _supervise(ctx, proc, stdin, timeout, started)
+    finally:
+        ctx.processes.foreground -= 1
+
+
+async def _supervise(
+    ctx: ToolContext, proc: asyncio.subprocess.Process, stdin: str | None, timeout: float, started: float
+) -> Result:
+    stoppers: list[asyncio.Task[None]] = []
+    cancelled: list[int] = []
+
+    def cancel(sig: int, grace_s: float) -> None:
+        cancelled.append(sig)
+        stoppers.append(asyncio.create_task(stop_group(proc, sig, grace_s)))
+
+    ctx.canceller = cancel
+    if proc.stdout is None or proc.stderr is None:
+        raise ToolError("cannot start sh: no output pipes")
+    pumps = [asyncio.create_task(_pump(proc.stdout, ctx.stdout, ctx)), asyncio.create_task(_pump(proc.stderr, ctx.stderr, ctx))]
+    feeder = asyncio.create_task(_feed(proc, stdin)) if stdin is not None else None
+    timed_out = False
+    try:
+        returncode = await asyncio.wait_for(proc.wait(), timeout)
+    except TimeoutError:
+        timed_out = True
+        await stop_group(proc)
+        returncode = await proc.wait()
+    await _drain(pumps)
+    await asyncio.gather(*stoppers, *([feeder] if feeder else []), return_exceptions=True)
+    ctx.canceller = None
+    return _result(ctx, returncode, timed_out, bool(cancelled), time.monotonic() - started, timeout)
+
+
+async def _drain(pumps: list[asyncio.Task[None]]) -> None:
+    """Read what is left in the pipes; stop if children of the shell keep them open."""
+    _, pending = await asyncio.wait(pumps, timeout=PIPE_DRAIN_S)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pumps, return_exceptions=True)
+
+
+def _result(ctx: ToolContext, returncode: int, timed_out: bool, cancelled: bool, elapsed_s: float, timeout: float) -> Result:
+    exit_code, sig = exit_status(returncode)
+    stdout, stderr = ctx.stdout.text(), ctx.stderr.text()
+    result: Result = {
+        "stdout": stdout,
+        "stderr": stderr,
+        "exit_code": exit_code,
+        "signal": sig,
+        "timed_out": timed_out,
+        "cancelled": cancelled,
+        "truncated": bool(ctx.stdout.dropped or ctx.stderr.dropped),
+        "stdout_bytes_dropped": ctx.stdout.dropped,
+        "stderr_bytes_dropped": ctx.stderr.dropped,
+        "duration_ms": round(elapsed_s * 1000, 3),
+    }
+    if timed_out:
+        result["error"] = f"timed out after {timeout:g}s (process group killed)"
+    elif exit_code != 0:
+        result["error"] = f"exit code {exit_code}"
+    if "error" in result:
+        result["is_error"] = True
+        result["output"] = f"Error: {result['error']}: {stderr} (stdout: {stdout})"
+    else:
+        result["output"] = stdout + stderr
+    return result

@@ -1,0 +1,367 @@
+"""The local Substrate's actor lifecycle: the behaviour table of SUBSTRATE_CONTROL.md.
+
+Statuses: create → SUSPENDED (no snapshot); resume: SUSPENDED/PAUSED → RESUMING → RUNNING
+(restore the latest snapshot, else the template's golden one, else — with `boot` — an empty
+workspace); suspend: RUNNING → SUSPENDING → SUSPENDED (stop the guest, snapshot, free the slot);
+pause: the same ending PAUSED; delete only from SUSPENDED.
+
+One operation per actor at a time: a second resume/suspend/pause while one runs gets ABORTED
+"another operation is in progress" (nothing queues). The lock is keyed by actor name only, like
+upstream's, so names are unique across atespaces here. Operations run as tasks shielded from the
+RPC's cancellation: a client that gives up does not leave a half-started sandbox behind.
+
+Data scope only: files (workspace + guest state dir) survive a suspend; processes do not. If a
+guest dies on its own (or with a killed slot, or with the server), its actor falls back to
+SUSPENDED at its last snapshot — work since then is lost — as upstream does when a worker pod dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import sqlite3
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+from common.config import DNS1123_LABEL, Config, TemplateConfig
+from local_substrate.cgroups import Cgroups
+from local_substrate.errors import (
+    IN_PROGRESS,
+    NO_FREE_WORKERS,
+    ControlError,
+    invalid,
+    not_found,
+    precondition,
+)
+from local_substrate.golden import GoldenSnapshots
+from local_substrate.guests import sandbox_spec, start_guest
+from local_substrate.layout import Layout
+from local_substrate.slots import Slot, SlotPool
+from local_substrate.snapshots import SnapshotStore, restore_snapshot
+from local_substrate.store import ActorRecord, Status, Store
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: ListActors page size bounds (SUBSTRATE_CONTROL.md).
+DEFAULT_PAGE_SIZE = 1000
+MAX_PAGE_SIZE = 1000
+
+
+def check_label(kind: str, value: str) -> None:
+    if not DNS1123_LABEL.match(value):
+        raise invalid(f"{kind} {value!r} is not a DNS-1123 label")
+
+
+def encode_token(rec: ActorRecord) -> str:
+    return base64.urlsafe_b64encode(json.dumps([rec.atespace, rec.name]).encode()).decode()
+
+
+def decode_token(token: str) -> tuple[str, str]:
+    try:
+        atespace, name = json.loads(base64.urlsafe_b64decode(token.encode()))
+        return str(atespace), str(name)
+    except (ValueError, TypeError) as err:
+        raise invalid("page_token is not valid") from err
+
+
+class Control:
+    """Actors, atespaces and slots of one local Substrate (all calls on one event loop)."""
+
+    def __init__(self, config: Config, layout: Layout, level: str) -> None:
+        self._config = config
+        self._layout = layout
+        self.level = level
+        self.stop_grace_s = config.local_substrate.stop_grace_s
+        self.store = Store(layout.db)
+        self.cgroups = Cgroups(
+            layout.root.name + "-" + uuid.uuid5(uuid.NAMESPACE_URL, str(layout.root)).hex[:8]
+        )
+        self.slots = SlotPool(layout, config.local_substrate.slots)
+        self.snapshots = SnapshotStore(layout.snapshots)
+        self.golden = GoldenSnapshots(layout, level, self.cgroups)
+        self._templates = {t.name for t in config.local_substrate.templates} | {
+            e.template for e in config.environments
+        }
+        self._busy: set[str] = set()
+        self._ops: set[asyncio.Task[object]] = set()
+
+    # -- startup / shutdown -----------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """After a restart: guests died with the old server, so RUNNING actors fall back to their
+        last snapshot (SUSPENDED); RESUMING ones stay RESUMING (a resume retries); SUSPENDING and
+        PAUSING ones keep their slot, whose dirs still hold the workspace (a suspend retries)."""
+        for rec in self.store.all():
+            slot = self.slots.get(rec.slot) if rec.slot else None
+            if rec.status is Status.RUNNING:
+                log.warning("actor %s/%s was running when the server stopped: back to its last snapshot",
+                            rec.atespace, rec.name)  # fmt: skip
+                self.store.update(rec.evolve(status=Status.SUSPENDED, slot="", run_id=""))
+            elif rec.status in (Status.SUSPENDING, Status.PAUSING) and slot is not None:
+                slot.actor = rec.name
+            elif rec.slot:
+                self.store.update(rec.evolve(slot="", run_id=""))
+        for slot in self.slots.slots:
+            slot.dirs.prepare()
+
+    async def close(self, suspend_running: bool = True) -> None:
+        """Finish running operations, snapshot running actors (or not), stop every sandbox."""
+        if self._ops:
+            await asyncio.wait(set(self._ops), timeout=60)
+        for slot in self.slots.slots:
+            if slot.process is None:
+                continue
+            rec = self.store.find_name(slot.actor)
+            if suspend_running and rec is not None and rec.status is Status.RUNNING:
+                await self._exclusive(
+                    rec.name, lambda r=rec: self._suspend(r.atespace, r.name, Status.SUSPENDED)
+                )
+            else:
+                await self._stop_process(slot)
+        self.store.close()
+        self.cgroups.remove_all()
+
+    # -- atespaces --------------------------------------------------------------------------------
+
+    def create_atespace(self, name: str) -> str:
+        check_label("atespace", name)
+        if not self.store.add_atespace(name):
+            raise ControlError("ALREADY_EXISTS", f"atespace {name} already exists")
+        return name
+
+    def get_atespace(self, name: str) -> str:
+        if not self.store.atespace_exists(name):
+            raise not_found(f"atespace {name}")
+        return name
+
+    def list_atespaces(self) -> list[str]:
+        return self.store.atespaces()
+
+    def delete_atespace(self, name: str) -> None:
+        self.get_atespace(name)
+        if self.store.count_actors(name):
+            raise precondition(f"atespace {name} still has actors")
+        self.store.remove_atespace(name)
+
+    # -- actors: quick calls ----------------------------------------------------------------------
+
+    def get_actor(self, atespace: str, name: str) -> ActorRecord:
+        check_label("atespace", atespace)
+        check_label("actor name", name)
+        rec = self.store.get(atespace, name)
+        if rec is None:
+            raise not_found(f"actor {atespace}/{name}")
+        return rec
+
+    def create_actor(
+        self, atespace: str, name: str, template_namespace: str, template: str, selector: dict[str, str]
+    ) -> ActorRecord:
+        check_label("atespace", atespace)
+        check_label("actor name", name)
+        if self.store.find_name(name) is not None:
+            raise ControlError("ALREADY_EXISTS", f"actor {name} already exists")
+        if not self.store.atespace_exists(atespace):
+            raise precondition(f"atespace {atespace} not found")
+        if template not in self._templates:
+            raise precondition(f"actor template {template_namespace}/{template} not found")
+        rec = ActorRecord(atespace, name, template_namespace, template, selector=selector)
+        try:
+            self.store.insert(rec)
+        except sqlite3.IntegrityError as err:
+            raise ControlError("ALREADY_EXISTS", f"actor {name} already exists") from err
+        return rec
+
+    def update_actor(self, atespace: str, name: str, selector: dict[str, str]) -> ActorRecord:
+        return self.store.update(self.get_actor(atespace, name).evolve(selector=selector))
+
+    def delete_actor(self, atespace: str, name: str) -> None:
+        rec = self.get_actor(atespace, name)
+        if rec.status is not Status.SUSPENDED:
+            raise precondition(f"actor {atespace}/{name} is not suspended (status: STATUS_{rec.status.name})")
+        if not self.store.delete(rec):
+            raise ControlError("ABORTED", "concurrent update conflict")
+        self.snapshots.delete_actor(rec.uid)
+
+    def list_actors(self, page_size: int, token: str, atespace: str) -> tuple[list[ActorRecord], str]:
+        if page_size < 0 or page_size > MAX_PAGE_SIZE:
+            raise invalid(f"page_size must be between 0 and {MAX_PAGE_SIZE}")
+        if atespace:
+            check_label("atespace", atespace)
+        size = page_size or DEFAULT_PAGE_SIZE
+        rows = self.store.page(atespace, decode_token(token) if token else ("", ""), size + 1)
+        return rows[:size], (encode_token(rows[size - 1]) if len(rows) > size else "")
+
+    def workers(self) -> list[tuple[Slot, ActorRecord | None]]:
+        return [(s, self.store.find_name(s.actor) if s.actor else None) for s in self.slots.slots]
+
+    def debug_clear(self) -> None:
+        if self.slots.busy or self._busy:
+            raise precondition("actors are running; suspend them first")
+        for rec in self.store.all():
+            self.snapshots.delete_actor(rec.uid)
+        self.store.clear()
+
+    # -- actors: lifecycle ------------------------------------------------------------------------
+
+    async def resume(self, atespace: str, name: str, boot: bool) -> ActorRecord:
+        rec = self.get_actor(atespace, name)
+        if rec.status is Status.RUNNING:
+            return rec
+        return await self._exclusive(name, lambda: self._resume(atespace, name, boot))
+
+    async def suspend(self, atespace: str, name: str) -> ActorRecord:
+        rec = self.get_actor(atespace, name)
+        if rec.status is Status.SUSPENDED:
+            return rec
+        return await self._exclusive(name, lambda: self._suspend(atespace, name, Status.SUSPENDED))
+
+    async def pause(self, atespace: str, name: str) -> ActorRecord:
+        rec = self.get_actor(atespace, name)
+        if rec.status is Status.PAUSED:
+            return rec
+        return await self._exclusive(name, lambda: self._suspend(atespace, name, Status.PAUSED))
+
+    async def kill_slot(self, name: str) -> None:
+        """Fault injection: SIGKILL the slot's sandbox, as if its worker pod died."""
+        slot = self.slots.get(name)
+        if slot is None or slot.process is None:
+            raise not_found(f"running slot {name}")
+        watcher = slot.watcher
+        slot.process.kill()
+        if watcher is not None:
+            await watcher
+
+    async def _exclusive(self, name: str, op: Callable[[], Awaitable[T]]) -> T:
+        if name in self._busy:
+            raise ControlError("ABORTED", IN_PROGRESS)
+        self._busy.add(name)
+        task: asyncio.Task[T] = asyncio.create_task(self._run_op(name, op))
+        self._ops.add(task)  # type: ignore[arg-type]
+        task.add_done_callback(self._ops.discard)  # type: ignore[arg-type]
+        return await asyncio.shield(task)
+
+    async def _run_op(self, name: str, op: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await op()
+        finally:
+            self._busy.discard(name)
+
+    def _template(self, rec: ActorRecord) -> TemplateConfig:
+        return self._config.template(rec.template_name)
+
+    def _skills(self, template: TemplateConfig) -> tuple[tuple[Path, str], ...]:
+        """Where the template's skills appear: at each environment's skills_dir that uses it."""
+        inner = sorted({e.skills_dir for e in self._config.environments if e.template == template.name})
+        return tuple((self._skills_host(template, path), path) for path in inner or ["/skills"])
+
+    def _skills_host(self, template: TemplateConfig, inner: str) -> Path:
+        """The template's skills_dir; else the environment's path if it exists on the host; else empty."""
+        host = Path(template.skills_dir or inner)
+        if host.is_dir():
+            return host
+        if template.skills_dir:
+            log.warning("template %s: skills_dir %s is not a directory", template.name, host)
+        return self._layout.empty
+
+    async def _resume(self, atespace: str, name: str, boot: bool) -> ActorRecord:
+        rec = self.get_actor(atespace, name)
+        if rec.status is Status.RUNNING:
+            return rec
+        if rec.status in (Status.SUSPENDING, Status.PAUSING):
+            raise precondition(f"actor {atespace}/{name} is {rec.status.name.lower()}: suspend it first")
+        self._release_leftover(rec)
+        slot = self.slots.claim(name)
+        if slot is None:
+            raise precondition(NO_FREE_WORKERS)
+        rec = self.store.update(rec.evolve(status=Status.RESUMING, slot=slot.name, run_id=uuid.uuid4().hex))
+        try:
+            await self._start(rec, slot, boot)
+        except BaseException:
+            self.slots.release(slot)
+            # Stays RESUMING: the next resume retries (the way out upstream offers too).
+            self.store.update(rec.evolve(slot=""))
+            raise
+        rec = self.store.update(rec.evolve(status=Status.RUNNING))
+        slot.watcher = asyncio.create_task(self._watch(slot, rec))
+        return rec
+
+    def _release_leftover(self, rec: ActorRecord) -> None:
+        slot = self.slots.get(rec.slot) if rec.slot else None
+        if slot is not None and slot.actor == rec.name and slot.process is None:
+            self.slots.release(slot)
+
+    async def _start(self, rec: ActorRecord, slot: Slot, boot: bool) -> None:
+        template = self._template(rec)
+        skills = self._skills(template)
+        source: Path | None = Path(rec.snapshot) if rec.snapshot else None
+        if source is None and not boot:
+            source = await self.golden.path(template, skills)
+        await asyncio.to_thread(self._restore, slot, source)
+        spec = sandbox_spec(self._layout, self.cgroups, rec.name, slot.dirs, template, skills)
+        slot.process = await start_guest(self.level, spec)
+
+    @staticmethod
+    def _restore(slot: Slot, source: Path | None) -> None:
+        slot.dirs.reset()
+        if source is not None:
+            restore_snapshot(source, slot.dirs.snapshot_sources(), slot.uid, slot.uid)
+
+    async def _suspend(self, atespace: str, name: str, target: Status) -> ActorRecord:
+        rec = self.get_actor(atespace, name)
+        if rec.status is target:
+            return rec
+        slot = self.slots.get(rec.slot) if rec.slot else None
+        if (
+            slot is None
+            or slot.actor != name
+            or rec.status in (Status.SUSPENDED, Status.PAUSED, Status.RESUMING)
+        ):
+            # Nothing runs (a paused actor, or a resume that failed midway): no new snapshot.
+            if slot is not None and slot.actor == name:
+                await self._stop_process(slot)
+                self.slots.release(slot)
+            return self.store.update(rec.evolve(status=target, slot="", run_id=""))
+        slot.stopping = True
+        going = Status.SUSPENDING if target is Status.SUSPENDED else Status.PAUSING
+        if rec.status is not going:
+            rec = self.store.update(rec.evolve(status=going))
+        await self._stop_process(slot)
+        path = self.snapshots.new_path(rec.uid)
+        await asyncio.to_thread(self.snapshots.write, path, slot.dirs.snapshot_sources())
+        rec = self.store.update(rec.evolve(status=target, slot="", run_id="", snapshot=str(path)))
+        self.snapshots.prune(rec.uid, keep=rec.snapshot)
+        self.slots.release(slot)
+        return rec
+
+    async def _stop_process(self, slot: Slot) -> None:
+        slot.stopping = True
+        if slot.watcher is not None and slot.watcher is not asyncio.current_task():
+            slot.watcher.cancel()
+            await asyncio.gather(slot.watcher, return_exceptions=True)
+        slot.watcher = None
+        if slot.process is not None:
+            await slot.process.stop(self.stop_grace_s)
+            slot.process = None
+
+    async def _watch(self, slot: Slot, rec: ActorRecord) -> None:
+        """The local "worker pod died": an unexpected guest exit sends the actor back to SUSPENDED
+        at its last snapshot, and frees the slot."""
+        process = slot.process
+        if process is None:
+            return
+        rc = await process.proc.wait()
+        if slot.stopping:
+            return
+        log.warning("guest of %s/%s in %s exited (%s): actor falls back to its last snapshot",
+                    rec.atespace, rec.name, slot.name, rc)  # fmt: skip
+        process.kill()
+        current = self.store.get(rec.atespace, rec.name)
+        if current is not None and current.run_id == rec.run_id and current.status is Status.RUNNING:
+            self.store.update(current.evolve(status=Status.SUSPENDED, slot="", run_id=""))
+        slot.watcher = None
+        self.slots.release(slot)

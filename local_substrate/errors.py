@@ -1,0 +1,28 @@
+"""The local Substrate's one error type: a gRPC status code name and the message Substrate uses."""
+
+from __future__ import annotations
+
+
+class ControlError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def not_found(what: str) -> ControlError:
+    return ControlError("NOT_FOUND", f"{what} not found")
+
+
+def invalid(message: str) -> ControlError:
+    return ControlError("INVALID_ARGUMENT", message)
+
+
+def precondition(message: str) -> ControlError:
+    return ControlError("FAILED_PRECONDITION", message)
+
+
+#: The exact message clients match to tell capacity from configuration errors.
+NO_FREE_WORKERS = "no free workers available"
+IN_PROGRESS = "another operation is in progress"
+VERSION_CONFLICT = "concurrent update conflict"

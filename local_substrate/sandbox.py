@@ -1,0 +1,362 @@
+"""Sandboxes for actors: bubblewrap, else `unshare` + chroot, else plain processes (loudly).
+
+Inside a sandbox (bwrap and unshare levels):
+- own mount, pid, ipc and uts namespaces, and its own network namespace holding only a loopback
+  (template `network: none`, the default) or the host's network (`network: host`);
+- a fresh root: system dirs (/usr, /etc and the /bin, /lib... links), the Python install and the
+  venv read-only; of our code only `guest/` and `common/`, read-only at /opt/atefleet; the slot's
+  workspace (/workspace), guest state dir, /tmp and socket dir (/run/atefleet) writable; skills
+  read-only. The repo root (config.yaml, .state), the snapshot store, Redis data and other slots
+  do not exist in it;
+- an unprivileged uid per slot (so one slot's RLIMIT_NPROC cannot starve another), no
+  capabilities, no_new_privs; rlimits on address space, processes, file size, open files and
+  CPU; the slot's cgroup (pids + memory) when the hierarchy is writable.
+
+The process tree is `launcher (host pid P) -> namespace init (pid 1) -> command (pid 2)`: bwrap's
+own init, or for `unshare` a shell that forwards SIGTERM and reaps orphans. Stopping sends SIGTERM
+to the command, waits the grace period, then SIGKILLs the namespace init, which takes every
+process of the namespace with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import common
+import guest
+from common.config import TemplateLimits
+from local_substrate.cgroups import SlotCgroup
+
+log = logging.getLogger(__name__)
+
+LEVELS = ("bwrap", "unshare", "none")
+#: Where the sandbox sees our code (PYTHONPATH) and its writable dirs.
+CODE_DIR = "/opt/atefleet"
+WORKSPACE = "/workspace"
+STATE_DIR = "/var/lib/atefleet-guest"
+SOCK_DIR = "/run/atefleet"
+#: Host dirs every sandbox sees read-only (when they exist): the system, not the fleet.
+SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+#: PATH inside the sandbox.
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """One sandbox: host dirs to expose, identity and limits."""
+
+    hostname: str
+    workspace: Path
+    state: Path
+    tmp: Path
+    sock_dir: Path
+    #: Empty dir used as the unshare level's new root mount point.
+    root: Path
+    #: (host dir, path inside) pairs mounted read-only.
+    skills: tuple[tuple[Path, str], ...]
+    network: str
+    limits: TemplateLimits
+    uid: int
+    cgroup: SlotCgroup | None
+    log_path: Path
+
+
+@dataclass(frozen=True)
+class View:
+    """The paths a command inside the sandbox uses (host paths at level "none")."""
+
+    workspace: str
+    state: str
+    tmp: str
+    sock_dir: str
+    skills: tuple[str, ...]
+
+
+def view(level: str, spec: SandboxSpec) -> View:
+    if level == "none":
+        return View(
+            str(spec.workspace), str(spec.state), str(spec.tmp), str(spec.sock_dir),
+            tuple(str(h) for h, _ in spec.skills),
+        )  # fmt: skip
+    return View(WORKSPACE, STATE_DIR, "/tmp", SOCK_DIR, tuple(inner for _, inner in spec.skills))
+
+
+def _code_dirs() -> list[tuple[str, str]]:
+    """Only guest/ and common/ of our code, never the repo root (config.yaml, .state)."""
+    return [(str(Path(m.__file__ or "").parent), f"{CODE_DIR}/{m.__name__}") for m in (guest, common)]
+
+
+def _python_dirs() -> list[str]:
+    """The interpreter's install and the venv, unless already under a system dir."""
+    dirs = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), sys.prefix}
+    return sorted(d for d in dirs if not d.startswith("/usr/"))
+
+
+def _env(v: View) -> dict[str, str]:
+    return {
+        "PATH": SANDBOX_PATH,
+        "HOME": v.workspace,
+        "TMPDIR": v.tmp,
+        "LANG": "C.UTF-8",
+        "PYTHONPATH": CODE_DIR if v.workspace == WORKSPACE else str(Path(guest.__file__ or "").parent.parent),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def _rlimits(lim: TemplateLimits) -> list[str]:
+    return [
+        f"--as={lim.memory_mb << 20}", f"--nproc={lim.max_pids}", f"--fsize={lim.file_size_mb << 20}",
+        f"--nofile={lim.open_files}", f"--cpu={lim.cpu_s}", "--core=0",
+    ]  # fmt: skip
+
+
+def _drop_privileges(spec: SandboxSpec, command: list[str]) -> list[str]:
+    """setpriv to the slot's uid with no capabilities, then prlimit, then the command."""
+    limited = ["prlimit", *_rlimits(spec.limits), "--", *command]
+    if os.geteuid() != 0:
+        return limited
+    return [
+        "setpriv", f"--reuid={spec.uid}", f"--regid={spec.uid}", "--clear-groups",
+        "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--", *limited,
+    ]  # fmt: skip
+
+
+def _system_mounts() -> list[tuple[str, str]]:
+    """("link", target) for symlinked system dirs (/bin -> usr/bin), ("dir", "") for real ones."""
+    out = []
+    for d in SYSTEM_DIRS:
+        if os.path.islink(d):
+            out.append((d, "link:" + os.readlink(d)))
+        elif os.path.isdir(d):
+            out.append((d, "dir"))
+    return out
+
+
+def bwrap_argv(spec: SandboxSpec, command: list[str]) -> list[str]:
+    v = view("bwrap", spec)
+    a = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
+    a += [] if spec.network == "host" else ["--unshare-net"]
+    a += ["--die-with-parent", "--hostname", spec.hostname, "--clearenv"]
+    a += _bwrap_parents([*_python_dirs(), *(i for _, i in _code_dirs()), *(i for _, i in _writable(spec))])
+    for d, kind in _system_mounts():
+        a += ["--symlink", kind[5:], d] if kind.startswith("link:") else ["--ro-bind", d, d]
+    for d in _python_dirs():
+        a += ["--ro-bind", d, d]
+    for host, inner in _code_dirs():
+        a += ["--ro-bind", host, inner]
+    a += ["--proc", "/proc", "--dev", "/dev"]
+    for host, inner in _writable(spec):
+        a += ["--bind", host, inner]
+    for h, inner in spec.skills:
+        a += ["--ro-bind", str(h), inner]
+    a += ["--chdir", WORKSPACE]
+    for k, val in _env(v).items():
+        a += ["--setenv", k, val]
+    return [*a, "--", *_drop_privileges(spec, command)]
+
+
+def _bwrap_parents(targets: list[str]) -> list[str]:
+    """`--dir` with mode 0755 for each missing parent (bwrap makes them 0700, unreadable to the uid)."""
+    parents: list[str] = []
+    for t in targets:
+        for p in reversed(Path(t).parents):
+            if str(p) != "/" and str(p) not in parents and str(p) not in SYSTEM_DIRS:
+                parents.append(str(p))
+    out: list[str] = []
+    for p in parents:
+        out += ["--perms", "0755", "--dir", p]
+    return out
+
+
+def _writable(spec: SandboxSpec) -> list[tuple[str, str]]:
+    return [
+        (str(spec.workspace), WORKSPACE), (str(spec.state), STATE_DIR),
+        (str(spec.tmp), "/tmp"), (str(spec.sock_dir), SOCK_DIR),
+    ]  # fmt: skip
+
+
+_UNSHARE_PROLOGUE = """set -eu
+R={root}
+mount -t tmpfs -o mode=0755,size=16m atefleet-root "$R"
+ro() {{ mkdir -p "$R$2"; mount --bind "$1" "$R$2"; mount -o remount,bind,ro "$R$2"; }}
+rw() {{ mkdir -p "$R$2"; mount --bind "$1" "$R$2"; }}
+"""
+_UNSHARE_EPILOGUE = """mkdir -p "$R/proc" "$R/dev"
+mount -t proc proc "$R/proc"
+mount -t tmpfs -o mode=0755,size=64k atefleet-dev "$R/dev"
+for n in null zero full random urandom tty; do touch "$R/dev/$n"; mount --bind "/dev/$n" "$R/dev/$n"; done
+ln -s /proc/self/fd "$R/dev/fd"
+for i in 0:stdin 1:stdout 2:stderr; do ln -s "/proc/self/fd/${{i%%:*}}" "$R/dev/${{i#*:}}"; done
+hostname {hostname}
+{lo}
+mount -o remount,ro "$R"
+set +e
+chroot "$R" {command} &
+child=$!
+# pid 1 of the namespace: forward SIGTERM to the command; `wait` also reaps orphans.
+trap 'kill -TERM "$child" 2>/dev/null' TERM INT
+while :; do wait "$child"; rc=$?; kill -0 "$child" 2>/dev/null || break; done
+exit "$rc"
+"""
+
+
+def unshare_script(spec: SandboxSpec, command: list[str]) -> str:
+    q = shlex.quote
+    lines = [_UNSHARE_PROLOGUE.format(root=q(str(spec.root)))]
+    for d, kind in _system_mounts():
+        if kind.startswith("link:"):
+            lines.append(f'ln -s {q(kind[5:])} "$R"{q(d)}')
+        else:
+            lines.append(f"ro {q(d)} {q(d)}")
+    for d in _python_dirs():
+        lines.append(f"ro {q(d)} {q(d)}")
+    lines += [f"ro {q(h)} {q(i)}" for h, i in _code_dirs()]
+    lines += [f"rw {q(h)} {q(i)}" for h, i in _writable(spec)]
+    lines += [f"ro {q(str(h))} {q(i)}" for h, i in spec.skills]
+    inner = _drop_privileges(spec, [*_env_argv("unshare", spec), *command])
+    lo = "ip link set lo up 2>/dev/null || true" if spec.network != "host" else ""
+    lines.append(_UNSHARE_EPILOGUE.format(hostname=q(spec.hostname), lo=lo, command=shlex.join(inner)))
+    return "\n".join(lines)
+
+
+def unshare_argv(spec: SandboxSpec, command: list[str]) -> list[str]:
+    ns = ["--mount", "--pid", "--fork", "--ipc", "--uts"] + ([] if spec.network == "host" else ["--net"])
+    # pdeathsig + --kill-child: if the server dies, unshare dies and takes the namespace with it.
+    return [
+        "setpriv", "--pdeathsig=KILL", "--", "unshare", *ns, "--kill-child", "--propagation=private",
+        "--", "sh", "-c", unshare_script(spec, command),
+    ]  # fmt: skip
+
+
+def _env_argv(level: str, spec: SandboxSpec) -> list[str]:
+    v = view(level, spec)
+    return ["env", "-i", f"--chdir={v.workspace}", *(f"{k}={val}" for k, val in _env(v).items())]
+
+
+def none_argv(spec: SandboxSpec, command: list[str]) -> list[str]:
+    # No uid change: the slot dirs live under the 0700 state dir, which only a sandbox hides.
+    return ["prlimit", *_rlimits(spec.limits), "--", *_env_argv("none", spec), *command]
+
+
+def argv_for(level: str, spec: SandboxSpec, command: list[str]) -> list[str]:
+    if level == "bwrap":
+        return bwrap_argv(spec, command)
+    if level == "unshare":
+        return unshare_argv(spec, command)
+    return none_argv(spec, command)
+
+
+def _with_cgroup(spec: SandboxSpec, argv: list[str]) -> list[str]:
+    """Join the slot cgroup before exec, so no process of the sandbox ever runs outside it."""
+    if spec.cgroup is None:
+        return argv
+    joins = " && ".join(f"echo $$ > {shlex.quote(p)}" for p in spec.cgroup.procs_files)
+    return ["sh", "-c", f'{joins} && exec "$@"', "sh", *argv]
+
+
+def _probe(argv: list[str]) -> bool:
+    try:
+        return subprocess.run(argv, capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def detect_level(requested: str) -> str:
+    """The sandbox level to use: `requested`, or for "auto" the best that works here."""
+    probes = {
+        "bwrap": ["bwrap", "--unshare-pid", "--unshare-net", "--ro-bind", "/", "/", "true"],
+        "unshare": ["unshare", "--mount", "--pid", "--fork", "--net", "--ipc", "--uts", "true"],
+    }
+    candidates = LEVELS if requested == "auto" else (requested,)
+    for level in candidates:
+        if level == "none" or (shutil.which(level) and _probe(probes[level])):
+            if level == "none":
+                log.warning(
+                    "SANDBOX DISABLED: actors run as plain processes on this host. Commands can read "
+                    "the fleet's files and reach its ports. Install bubblewrap (or allow unshare)."
+                )
+            return level
+    raise RuntimeError(f"sandbox level {requested!r} is not usable on this machine")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+class SandboxProcess:
+    """A started sandbox; `stop` ends it gracefully, `kill` at once."""
+
+    def __init__(self, level: str, spec: SandboxSpec, proc: asyncio.subprocess.Process) -> None:
+        self.level = level
+        self.spec = spec
+        self.proc = proc
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _init_pid(self) -> int | None:
+        kids = _children(self.pid)
+        return kids[0] if kids else None
+
+    def _command_pid(self) -> int | None:
+        if self.level == "none":
+            return self.pid
+        init = self._init_pid()
+        kids = _children(init) if init else []
+        return kids[0] if kids else None
+
+    def kill(self) -> None:
+        """SIGKILL everything: the namespace init (which takes its namespace), then the cgroup."""
+        if self.level == "none":
+            _signal(-self.pid, signal.SIGKILL)
+        else:
+            init = self._init_pid()
+            if init:
+                _signal(init, signal.SIGKILL)
+            _signal(self.pid, signal.SIGKILL)
+        if self.spec.cgroup:
+            self.spec.cgroup.kill_all()
+
+    async def stop(self, grace_s: float) -> None:
+        """SIGTERM the command, wait up to `grace_s`, then SIGKILL whatever is left."""
+        if self.proc.returncode is None:
+            target = self._command_pid()
+            if target:
+                _signal(target, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout=grace_s)
+            except TimeoutError:
+                log.warning("sandbox %s ignored SIGTERM for %.1f s: killing it", self.spec.hostname, grace_s)
+        self.kill()
+        await self.proc.wait()
+
+
+async def start_sandbox(level: str, spec: SandboxSpec, command: list[str]) -> SandboxProcess:
+    """Start `command` (built with `view(level, spec)` paths) in a new sandbox."""
+    argv = _with_cgroup(spec, argv_for(level, spec, command))
+    with open(spec.log_path, "ab") as out:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+        )
+    return SandboxProcess(level, spec, proc)

@@ -1,0 +1,116 @@
+"""Worker slots: a fixed set of places where one actor's guest can run at a time.
+
+A slot owns host dirs (workspace/, state/, tmp/, root/ under `slots/<slot>/`, the socket dir
+under `sock/<slot>/`) and a sandbox uid. `SlotPool.claim` hands out a free slot (the least
+recently used one, so consecutive resumes spread over slots) or None when all are busy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from local_substrate.layout import Layout
+from local_substrate.sandbox import SandboxProcess
+
+#: Sandbox uid of slot i is SANDBOX_UID_BASE + i; golden-snapshot baking uses SANDBOX_UID_BASE - 1.
+SANDBOX_UID_BASE = 200_000
+#: The dirs of a slot that a sandbox sees writable (`sock` lives apart: see layout.py).
+SLOT_DIRS = ("workspace", "state", "tmp")
+
+
+@dataclass
+class SlotDirs:
+    base: Path
+    sock_dir: Path
+    uid: int
+
+    @property
+    def workspace(self) -> Path:
+        return self.base / "workspace"
+
+    @property
+    def state(self) -> Path:
+        return self.base / "state"
+
+    @property
+    def tmp(self) -> Path:
+        return self.base / "tmp"
+
+    @property
+    def root(self) -> Path:
+        return self.base / "root"
+
+    def reset(self) -> None:
+        """Empty every writable dir (the previous actor's files must not leak into the next)."""
+        for d in (*(self.base / n for n in SLOT_DIRS), self.sock_dir):
+            shutil.rmtree(d, ignore_errors=True)
+        self.prepare()
+
+    def prepare(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        for d in (self.workspace, self.state, self.tmp, self.sock_dir):
+            d.mkdir(parents=True, exist_ok=True)
+            _give(d, self.uid)
+
+    def snapshot_sources(self) -> dict[str, Path]:
+        return {"workspace": self.workspace, "state": self.state}
+
+
+def _give(path: Path, uid: int) -> None:
+    if os.geteuid() == 0:
+        os.chown(path, uid, uid)
+    path.chmod(0o755)
+
+
+@dataclass
+class Slot:
+    name: str
+    dirs: SlotDirs
+    #: Name of the actor occupying the slot ("" = free).
+    actor: str = ""
+    process: SandboxProcess | None = None
+    #: Watches the sandbox for an unexpected exit (the local "worker pod died").
+    watcher: asyncio.Task[None] | None = None
+    #: True while a suspend stops the sandbox on purpose.
+    stopping: bool = False
+    last_used: int = 0
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def uid(self) -> int:
+        return self.dirs.uid
+
+
+class SlotPool:
+    def __init__(self, layout: Layout, count: int) -> None:
+        self.slots = [
+            Slot(f"slot-{i}", SlotDirs(layout.slot_dir(f"slot-{i}"), layout.socket(f"slot-{i}").parent,
+                                       SANDBOX_UID_BASE + i))
+            for i in range(count)
+        ]  # fmt: skip
+        self._by_name = {s.name: s for s in self.slots}
+        self._clock = 0
+
+    def get(self, name: str) -> Slot | None:
+        return self._by_name.get(name)
+
+    def claim(self, actor: str) -> Slot | None:
+        free = [s for s in self.slots if not s.actor]
+        if not free:
+            return None
+        slot = min(free, key=lambda s: s.last_used)
+        slot.actor = actor
+        return slot
+
+    def release(self, slot: Slot) -> None:
+        self._clock += 1
+        slot.actor, slot.process, slot.watcher, slot.stopping = "", None, None, False
+        slot.last_used = self._clock
+
+    @property
+    def busy(self) -> int:
+        return sum(1 for s in self.slots if s.actor)

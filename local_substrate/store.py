@@ -1,0 +1,169 @@
+"""The local Substrate's persisted state: actors and atespaces in one sqlite file.
+
+Every change is one committed transaction (synchronous=FULL), so a restart of the server sees
+exactly the last acknowledged state. Updates are optimistic on `version`: a writer that read an
+older version gets `VersionConflict` (the API answers ABORTED "concurrent update conflict").
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import uuid
+from dataclasses import dataclass, field, replace
+from enum import IntEnum
+from pathlib import Path
+
+
+class Status(IntEnum):
+    """Actor.Status wire values (SUBSTRATE_CONTROL.md)."""
+
+    UNSPECIFIED = 0
+    RESUMING = 1
+    RUNNING = 2
+    SUSPENDING = 3
+    SUSPENDED = 4
+    PAUSING = 5
+    PAUSED = 6
+
+
+class VersionConflict(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class ActorRecord:
+    atespace: str
+    name: str
+    template_namespace: str
+    template_name: str
+    status: Status = Status.SUSPENDED
+    version: int = 1
+    #: Internal id: names its snapshot dir, so a re-created name never sees old snapshots.
+    uid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    #: The slot it occupies while RESUMING/RUNNING/SUSPENDING/PAUSING ("" otherwise).
+    slot: str = ""
+    #: Identity of the current run (a new one per resume), reported as the pod uid.
+    run_id: str = ""
+    #: Path of the latest snapshot ("" = none yet).
+    snapshot: str = ""
+    selector: dict[str, str] = field(default_factory=dict)
+
+    def evolve(self, **changes: object) -> ActorRecord:
+        """A copy with `changes` and the next version."""
+        return replace(self, version=self.version + 1, **changes)  # type: ignore[arg-type]
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS atespaces (name TEXT PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS actors (
+    atespace TEXT NOT NULL, name TEXT NOT NULL, template_namespace TEXT NOT NULL,
+    template_name TEXT NOT NULL, status INTEGER NOT NULL, version INTEGER NOT NULL,
+    uid TEXT NOT NULL, slot TEXT NOT NULL, run_id TEXT NOT NULL, snapshot TEXT NOT NULL,
+    selector TEXT NOT NULL, PRIMARY KEY (atespace, name));
+"""
+_COLUMNS = (
+    "atespace, name, template_namespace, template_name, status, version, uid, slot, run_id, snapshot, "
+    "selector"
+)
+
+
+def _row(r: ActorRecord) -> tuple[object, ...]:
+    return (
+        r.atespace, r.name, r.template_namespace, r.template_name, int(r.status), r.version,
+        r.uid, r.slot, r.run_id, r.snapshot, json.dumps(r.selector, sort_keys=True),
+    )  # fmt: skip
+
+
+def _record(row: tuple[object, ...]) -> ActorRecord:
+    a, n, tns, tn, st, v, uid, slot, run, snap, sel = row
+    return ActorRecord(
+        atespace=str(a), name=str(n), template_namespace=str(tns), template_name=str(tn),
+        status=Status(int(str(st))), version=int(str(v)), uid=str(uid), slot=str(slot),
+        run_id=str(run), snapshot=str(snap), selector=json.loads(str(sel)),
+    )  # fmt: skip
+
+
+class Store:
+    """Synchronous sqlite access; each call is sub-millisecond, so callers use it inline."""
+
+    def __init__(self, path: Path) -> None:
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- atespaces --------------------------------------------------------------------------------
+
+    def atespace_exists(self, name: str) -> bool:
+        return self._db.execute("SELECT 1 FROM atespaces WHERE name=?", (name,)).fetchone() is not None
+
+    def add_atespace(self, name: str) -> bool:
+        """False if it already existed."""
+        cur = self._db.execute("INSERT OR IGNORE INTO atespaces(name) VALUES (?)", (name,))
+        return cur.rowcount == 1
+
+    def atespaces(self) -> list[str]:
+        return [str(r[0]) for r in self._db.execute("SELECT name FROM atespaces ORDER BY name")]
+
+    def remove_atespace(self, name: str) -> bool:
+        return self._db.execute("DELETE FROM atespaces WHERE name=?", (name,)).rowcount == 1
+
+    def count_actors(self, atespace: str) -> int:
+        row = self._db.execute("SELECT COUNT(*) FROM actors WHERE atespace=?", (atespace,)).fetchone()
+        return int(row[0])
+
+    # -- actors -----------------------------------------------------------------------------------
+
+    def get(self, atespace: str, name: str) -> ActorRecord | None:
+        row = self._db.execute(
+            f"SELECT {_COLUMNS} FROM actors WHERE atespace=? AND name=?", (atespace, name)
+        ).fetchone()
+        return _record(row) if row else None
+
+    def find_name(self, name: str) -> ActorRecord | None:
+        """The actor of that name in any atespace (names are unique across atespaces)."""
+        row = self._db.execute(f"SELECT {_COLUMNS} FROM actors WHERE name=?", (name,)).fetchone()
+        return _record(row) if row else None
+
+    def insert(self, record: ActorRecord) -> None:
+        """Raises sqlite3.IntegrityError if the actor exists."""
+        self._db.execute(f"INSERT INTO actors({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)", _row(record))
+
+    def update(self, record: ActorRecord) -> ActorRecord:
+        """Store `record` (made by `evolve`) if the stored version is the one before it."""
+        values = _row(record)
+        cur = self._db.execute(
+            f"UPDATE actors SET ({_COLUMNS}) = (?,?,?,?,?,?,?,?,?,?,?) "
+            "WHERE atespace=? AND name=? AND version=?",
+            (*values, record.atespace, record.name, record.version - 1),
+        )
+        if cur.rowcount != 1:
+            raise VersionConflict(f"{record.atespace}/{record.name}")
+        return record
+
+    def delete(self, record: ActorRecord) -> bool:
+        cur = self._db.execute(
+            "DELETE FROM actors WHERE atespace=? AND name=? AND version=?",
+            (record.atespace, record.name, record.version),
+        )
+        return cur.rowcount == 1
+
+    def page(self, atespace: str, after: tuple[str, str], limit: int) -> list[ActorRecord]:
+        """Up to `limit` actors ordered by (atespace, name), strictly after `after`."""
+        where = "(atespace, name) > (?, ?)" + (" AND atespace = ?" if atespace else "")
+        args: tuple[object, ...] = (*after, atespace) if atespace else after
+        rows = self._db.execute(
+            f"SELECT {_COLUMNS} FROM actors WHERE {where} ORDER BY atespace, name LIMIT ?", (*args, limit)
+        )
+        return [_record(r) for r in rows]
+
+    def all(self) -> list[ActorRecord]:
+        return [_record(r) for r in self._db.execute(f"SELECT {_COLUMNS} FROM actors")]
+
+    def clear(self) -> None:
+        self._db.execute("DELETE FROM actors")
+        self._db.execute("DELETE FROM atespaces")

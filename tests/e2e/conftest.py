@@ -1,0 +1,132 @@
+"""The fleet as users start it: `atefleet --config X up` in a subprocess, talked to over real HTTP."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: API keys of the auth-enabled fleet: (key, environments it may use).
+KEY_ALICE = "ak_alice_0123456789abcdef"
+KEY_BOB = "ak_bob_0123456789abcdef"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RunningFleet:
+    url: str
+    process: subprocess.Popen[bytes]
+    state_dir: Path
+    config_path: Path
+    log_path: Path
+
+    def client(self, token: str | None = None, timeout_s: float = 120) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-20000:]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def base_config(tmp: Path, port: int, **overrides: Any) -> dict[str, Any]:
+    skills = tmp / "skills"
+    (skills / "hello").mkdir(parents=True, exist_ok=True)
+    (skills / "hello" / "SKILL.md").write_text(
+        "---\nname: hello\ndescription: Says hello.\n---\nRun `echo hello`.\n")
+    cfg: dict[str, Any] = {
+        "listen": f"127.0.0.1:{port}",
+        "state_dir": str(tmp / "state"),
+        "environments": [
+            {"name": "my-env", "template": "default-env-template", "atespace": "default",
+             "skills_dir": "/skills",
+             "allowed_tools": ["bash", "read_file", "write_file", "list_dir", "list_skills", "activate_skill",
+                               "edit", "process", "stat", "mkdir", "rm"],
+             "idle_timeout_s": 0},
+            {"name": "other-env", "template": "other-template", "atespace": "default", "idle_timeout_s": 0},
+        ],
+        "workers": {"processes": 2, "concurrency": 64, "lease_ttl_s": 3},
+        "reconciler": {"period_s": 0.5},
+        "local_substrate": {"slots": 12, "stop_grace_s": 1,
+                            "templates": [{"name": "default-env-template", "skills_dir": str(skills)}]},
+        "webhooks": {"allow_private_targets": True,
+                     "secrets": {"test": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}},
+        "jobs": {"sync_wait_s": 30},
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+def start_fleet(tmp: Path, cfg: dict[str, Any]) -> RunningFleet:
+    tmp.mkdir(parents=True, exist_ok=True)
+    config_path = tmp / "config.yaml"
+    config_path.write_text(yaml.safe_dump(cfg))
+    log_path = tmp / "fleet.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ATEFLEET_", "PROMETHEUS_"))}
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "atefleet", "--config", str(config_path), "up"],
+                                cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT)
+    _, port = cfg["listen"].rsplit(":", 1)
+    fleet = RunningFleet(f"http://127.0.0.1:{port}", proc, Path(cfg["state_dir"]), config_path, log_path)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"atefleet up exited with {proc.returncode}:\n{fleet.log()}")
+        try:
+            if httpx.get(f"{fleet.url}/readyz", timeout=1).status_code == 200:
+                return fleet
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    fleet.stop()
+    raise RuntimeError(f"fleet did not become ready:\n{fleet.log()}")
+
+
+@pytest.fixture(scope="session")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningFleet]:
+    """The default fleet: no auth (loopback only), like `make run`."""
+    tmp = tmp_path_factory.mktemp("fleet")
+    running = start_fleet(tmp, base_config(tmp, free_port()))
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="session")
+def auth_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningFleet]:
+    """A fleet with API keys: alice may use my-env, bob other-env."""
+    tmp = tmp_path_factory.mktemp("auth-fleet")
+    keys = [
+        {"name": "alice", "sha256": hashlib.sha256(KEY_ALICE.encode()).hexdigest(), "environments": ["my-env"]},
+        {"name": "bob", "sha256": hashlib.sha256(KEY_BOB.encode()).hexdigest(),
+         "environments": ["other-env", "my-env"]},
+    ]
+    running = start_fleet(tmp, base_config(tmp, free_port(), auth={"api_keys": keys}))
+    yield running
+    running.stop()

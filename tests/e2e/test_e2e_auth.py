@@ -1,0 +1,37 @@
+"""Auth over real HTTP: wrong token 401, other environment 403, another principal's job 404."""
+
+from __future__ import annotations
+
+import json
+
+from tests.e2e.conftest import KEY_ALICE, KEY_BOB, RunningFleet
+
+CALL = {"call_id": "a", "type": "function_call",
+        "function": {"name": "bash", "arguments": json.dumps({"command": "echo hi"})}, "auto_resume": True}
+
+
+def test_wrong_or_missing_token_is_401(auth_fleet: RunningFleet) -> None:
+    for token in (None, "not-a-key"):
+        with auth_fleet.client(token) as c:
+            r = c.post("/v1/environments/my-env/sessions/s1/resume")
+            assert r.status_code == 401
+            assert r.headers["www-authenticate"].lower().startswith("bearer")
+            assert r.headers["content-type"].startswith("application/problem+json")
+
+
+def test_other_environment_is_403(auth_fleet: RunningFleet) -> None:
+    with auth_fleet.client(KEY_ALICE) as c:
+        r = c.post("/v1/environments/other-env/sessions/s1", json=CALL)
+        assert r.status_code == 403
+
+
+def test_other_principals_job_is_404(auth_fleet: RunningFleet) -> None:
+    with auth_fleet.client(KEY_ALICE) as alice, auth_fleet.client(KEY_BOB) as bob:
+        r = alice.post("/v1/environments/my-env/sessions/alice-1", json=CALL,
+                       headers={"Prefer": "respond-async"})
+        assert r.status_code == 202, r.text
+        job_id = r.json()["id"]
+        assert alice.get(f"/v1/jobs/{job_id}?wait=30").json()["state"] == "succeeded"
+        assert bob.get(f"/v1/jobs/{job_id}").status_code == 404
+        assert bob.post(f"/v1/jobs/{job_id}/cancel").status_code == 404
+        assert bob.get(f"/v1/jobs/{job_id}/events").status_code == 404

@@ -1,0 +1,106 @@
+"""Seed 000's curl sequence through the real fleet: same answers; secrets never kept anywhere."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import redis
+
+from tests.e2e.conftest import RunningFleet
+
+SECRET = "c3ebfdfdk12345-do-not-keep"
+
+
+def _call(command: str, call_id: str = "c1", **extra: object) -> dict[str, object]:
+    return {"call_id": call_id, "type": "function_call",
+            "function": {"name": "bash", "arguments": json.dumps({"command": command})}, **extra}
+
+
+def _redis(fleet: RunningFleet) -> redis.Redis:
+    d = fleet.state_dir / "redis"
+    return redis.Redis(port=int((d / "port").read_text()), password=(d / "password").read_text().strip())
+
+
+def test_seed_explicit_lifecycle(fleet: RunningFleet) -> None:
+    sid = str(uuid.uuid4())
+    base = f"/v1/environments/my-env/sessions/{sid}"
+    with fleet.client() as c:
+        # given a new session, when it is resumed, then the seed's answer comes back
+        r = c.post(f"{base}/resume")
+        assert r.status_code == 200, r.text
+        assert r.json()["status"] == "ok"
+        # when a bash call runs with an env var, then its output is the seed's function_call_output
+        body = _call("echo $MY_SECRET; uname -s")
+        body["env_variables"] = [{"name": "MY_SECRET", "value": SECRET}]
+        r = c.post(base, json=body)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert out["type"] == "function_call_output" and out["call_id"] == "c1" and out["name"] == "bash"
+        assert out["output"].startswith(SECRET + "\nLinux")
+        # when suspended, then ok
+        r = c.post(f"{base}/suspend")
+        assert r.status_code == 200, r.text
+        assert r.json()["status"] == "ok"
+    # then the secret is nowhere in Redis, the logs, or any job's JSON
+    db = _redis(fleet)
+    for key in db.scan_iter(count=1000):
+        t = db.type(key).decode()
+        dump = {"string": lambda: db.get(key), "hash": lambda: db.hgetall(key), "list": lambda: db.lrange(key, 0, -1),
+                "stream": lambda: db.xrange(key), "zset": lambda: db.zrange(key, 0, -1),
+                "set": lambda: db.smembers(key)}.get(t, lambda: b"")()
+        assert SECRET.encode() not in repr(dump).encode(), key
+    assert SECRET not in fleet.log()
+
+
+def test_seed_auto_resume(fleet: RunningFleet) -> None:
+    sid = str(uuid.uuid4())
+    with fleet.client() as c:
+        r = c.post(f"/v1/environments/my-env/sessions/{sid}", json={**_call("uname -a"), "auto_resume": True})
+        assert r.status_code == 200, r.text
+        assert r.json()["output"].startswith("Linux")
+        info = c.get(f"/v1/environments/my-env/sessions/{sid}").json()
+        assert info["state"] == "suspended"
+
+
+def test_call_on_suspended_session_without_auto_resume_is_a_clear_conflict(fleet: RunningFleet) -> None:
+    sid = str(uuid.uuid4())
+    with fleet.client() as c:
+        r = c.post(f"/v1/environments/my-env/sessions/{sid}", json=_call("true"))
+        assert r.status_code == 409
+        assert r.headers["content-type"].startswith("application/problem+json")
+        assert r.json()["type"].endswith("/session_not_running")
+
+
+def test_tool_not_allowed_is_answered_like_the_seed(fleet: RunningFleet) -> None:
+    with fleet.client() as c:
+        body = {"call_id": "x", "type": "function_call",
+                "function": {"name": "edit", "arguments": "{}"}}
+        r = c.post("/v1/environments/other-env/sessions/s1", json=body)
+        assert r.status_code == 200
+        assert r.json()["type"] == "function_call_output" and r.json()["call_id"] == "x"
+
+
+def test_file_survives_suspend_and_resume(fleet: RunningFleet) -> None:
+    sid = str(uuid.uuid4())
+    base = f"/v1/environments/my-env/sessions/{sid}"
+    write = {"call_id": "w", "type": "function_call",
+             "function": {"name": "write_file", "arguments": json.dumps({"path": "notes/a.txt", "content": "kept"})}}
+    read = {"call_id": "r", "type": "function_call",
+            "function": {"name": "read_file", "arguments": json.dumps({"path": "notes/a.txt"})}}
+    with fleet.client() as c:
+        assert c.post(f"{base}/resume").status_code == 200
+        assert c.post(base, json=write).status_code == 200
+        assert c.post(f"{base}/suspend").status_code == 200
+        assert c.post(f"{base}/resume").json()["cold_start"] is False
+        assert c.post(base, json=read).json()["output"] == "kept"
+        # destroy keeping the snapshot: the state says where it is
+        r = c.delete(base, params={"keep_snapshot": "true"})
+        assert r.status_code == 200 and r.json()["snapshot_kept"] is True and r.json()["actor"]
+        info = c.get(base).json()
+        assert info["state"] == "destroyed" and info["snapshot_kept"] in ("1", True)
+        # destroy without keeping: everything is gone, a new resume starts from the template
+        assert c.delete(base).json()["snapshot_kept"] is False
+        assert c.post(f"{base}/resume").status_code == 200
+        gone = c.post(base, json=read).json()
+        assert gone.get("is_error") is True

@@ -1,0 +1,77 @@
+"""A test worker process: Consumer with a handler that logs start/end per session to Redis.
+
+Each execution appends `S|job|epoch|worker|ts` before and `E|job|epoch|worker|ts` after a random
+0..max_job_ms sleep to `t:log:<session>`, so tests can detect FIFO violations and overlaps. The
+consumer's counters are mirrored to the hash `t:stats:<worker>`. SIGTERM stops it gracefully.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import random
+import signal
+import time
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from common.config import parse_config
+from common.queue import Consumer, JobContext, Queue
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--redis-url", required=True)
+    p.add_argument("--prefix", default="af:")
+    p.add_argument("--worker-id", required=True)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--lease-ttl-s", type=float, default=1.0)
+    p.add_argument("--max-job-ms", type=float, default=2.0)
+    p.add_argument("--jobs-per-turn", type=int, default=8)
+    return p.parse_args()
+
+
+async def main() -> None:
+    args = parse_args()
+    logging.basicConfig(level=logging.WARNING, format=f"[{args.worker_id}] %(levelname)s %(message)s")
+    config = parse_config({"redis_prefix": args.prefix,
+                           "workers": {"lease_ttl_s": args.lease_ttl_s, "jobs_per_turn": args.jobs_per_turn}})
+    redis = aioredis.Redis.from_url(args.redis_url, socket_timeout=5, socket_connect_timeout=2)
+    queue = Queue(redis, config)
+
+    async def handler(ctx: JobContext) -> dict[str, Any]:
+        key = f"t:log:{ctx.lease.session}"
+        await redis.rpush(key, f"S|{ctx.job.id}|{ctx.epoch}|{args.worker_id}|{time.time()}")
+        await asyncio.sleep(random.random() * args.max_job_ms / 1000)
+        await redis.rpush(key, f"E|{ctx.job.id}|{ctx.epoch}|{args.worker_id}|{time.time()}")
+        return {"worker": args.worker_id, "epoch": ctx.epoch}
+
+    consumer = Consumer(queue, args.worker_id, handler, concurrency=args.concurrency, block_ms=200)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, lambda: asyncio.ensure_future(consumer.stop()))
+    stats_task = asyncio.create_task(mirror_stats(redis, consumer, args.worker_id))
+    await redis.hset(f"t:stats:{args.worker_id}", "up", "1")
+    await consumer.run()
+    stats_task.cancel()
+    await publish_stats(redis, consumer, args.worker_id)
+    await redis.aclose()
+
+
+async def publish_stats(redis: aioredis.Redis, consumer: Consumer, worker_id: str) -> None:
+    try:
+        await redis.hset(f"t:stats:{worker_id}", mapping={k: str(v) for k, v in consumer.stats.items()})
+    except (RedisError, OSError):
+        pass  # Redis restarting: the next tick writes them
+
+
+async def mirror_stats(redis: aioredis.Redis, consumer: Consumer, worker_id: str) -> None:
+    while True:
+        await publish_stats(redis, consumer, worker_id)
+        await asyncio.sleep(0.1)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,71 @@
+"""JobWaiter on real Redis: one subscription, resolves on terminal, survives missed notifications."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis.asyncio as aioredis
+from queue_testkit import job, wait_for
+
+from common.queue import JobState, JobWaiter, Queue
+
+
+async def finish(queue: Queue, session: str = "env/s") -> None:
+    """Run the head job of `session` to success through the worker-side primitives."""
+    await queue.ensure_group()
+    [(entry, sess)] = await queue.read_ready("w", 1, 1000)
+    acquired = await queue.acquire(entry, sess, "w")
+    assert acquired.lease is not None and acquired.job is not None
+    await queue.complete(acquired.lease, acquired.job.id, JobState.SUCCEEDED, result={"ok": 1})
+
+
+async def pubsub_clients(redis: aioredis.Redis) -> int:
+    return sum(1 for c in await redis.client_list() if int(c.get("sub", 0)) > 0)
+
+
+async def test_many_waiters_share_one_subscription(queue: Queue, redis_client: aioredis.Redis) -> None:
+    ids = [(await queue.enqueue(job(f"s{n}", 0))).job_id for n in range(5)]
+    waiter = JobWaiter(queue)
+    try:
+        waits = [asyncio.create_task(waiter.wait(jid, 10)) for jid in ids for _ in range(2)]
+        await wait_for(lambda: _ge(redis_client, 1), 5, "subscription")
+        assert await pubsub_clients(redis_client) == 1
+        for n in range(5):
+            await finish(queue, f"env/s{n}")
+        records = await asyncio.gather(*waits)
+    finally:
+        await waiter.close()
+    assert all(r is not None and r.state == JobState.SUCCEEDED for r in records)
+
+
+async def test_already_finished_missing_and_timeout(queue: Queue) -> None:
+    waiter = JobWaiter(queue)
+    try:
+        res = await queue.enqueue(job("s", 0))
+        pending = await waiter.wait(res.job_id, 0.05)
+        assert pending is not None and pending.state == JobState.QUEUED
+        await finish(queue)
+        done = await waiter.wait(res.job_id, 5)
+        assert done is not None and done.state == JobState.SUCCEEDED
+        assert await waiter.wait("missing", 5) is None
+    finally:
+        await waiter.close()
+
+
+async def test_notification_missed_while_reconnecting_is_caught(queue: Queue, redis_client: aioredis.Redis) -> None:
+    res = await queue.enqueue(job("s", 0))
+    waiter = JobWaiter(queue)
+    try:
+        task = asyncio.create_task(waiter.wait(res.job_id, 10))
+        await wait_for(lambda: _ge(redis_client, 1), 5, "subscription")
+        # when the subscription connection drops and the job finishes meanwhile
+        await redis_client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+        await finish(queue)
+        rec = await task
+    finally:
+        await waiter.close()
+    assert rec is not None and rec.state == JobState.SUCCEEDED
+
+
+async def _ge(redis: aioredis.Redis, n: int) -> bool:
+    return await pubsub_clients(redis) >= n

@@ -1,0 +1,91 @@
+"""Fixtures: a real local_substrate (real gRPC, real sandboxes, real guests) and a real client."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from common.config import Config, parse_config
+from common.guest_client import GuestClient
+from common.routing import LocalGuestRouter
+from common.substrate import Actor, SubstrateClient, make_substrate_client
+from local_substrate.server import LocalSubstrate
+
+ATESPACE = "default"
+TEMPLATE = "default-env-template"
+
+
+def substrate_config(state_dir: Path, **local: Any) -> Config:
+    """A config whose local Substrate keeps its state in `state_dir` (short: unix socket paths)."""
+    envs = local.pop("environments", None)
+    data: dict[str, Any] = {"state_dir": str(state_dir), "local_substrate": {"stop_grace_s": 2, **local}}
+    if envs is not None:
+        data["environments"] = envs
+    return parse_config(data)
+
+
+@dataclass
+class Harness:
+    """One running local Substrate and a client of it."""
+
+    config: Config
+    server: LocalSubstrate
+    client: SubstrateClient
+    guests: list[GuestClient] = field(default_factory=list)
+
+    async def actor(self, name: str, template: str = TEMPLATE) -> Actor:
+        await self.client.ensure_atespace(ATESPACE)
+        return await self.client.ensure_actor(ATESPACE, name, template)
+
+    async def bash(self, actor: Actor, command: str) -> dict[str, Any]:
+        """Run `command` in the actor through its real guest (bound to session test/<actor>)."""
+        address = await LocalGuestRouter(self.config).address(actor)
+        guest = GuestClient(address, session=f"test/{actor.name}")
+        self.guests.append(guest)
+        result, _ = await guest.run(uuid.uuid4().hex, "bash", {"command": command})
+        return dict(result)
+
+    async def close(self, suspend_running: bool = True) -> None:
+        for g in self.guests:
+            await g.aclose()
+        await self.client.close()
+        await self.server.stop(suspend_running=suspend_running)
+
+
+Start = Callable[..., Awaitable[Harness]]
+
+
+@pytest.fixture
+def state_dir() -> Any:
+    path = Path(tempfile.mkdtemp(prefix="lsub-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def start_harness(config: Config) -> Harness:
+    server = LocalSubstrate(config, "127.0.0.1:0")
+    await server.start()
+    return Harness(config, server, make_substrate_client(config, server.address))
+
+
+@pytest.fixture
+async def start_substrate(state_dir: Path) -> AsyncIterator[Start]:
+    """Factory: `await start_substrate(slots=2, sandbox="bwrap", ...)` → a started Harness."""
+    started: list[Harness] = []
+
+    async def start(**local: Any) -> Harness:
+        harness = await start_harness(substrate_config(state_dir, **local))
+        started.append(harness)
+        return harness
+
+    yield start
+    for h in started:
+        if h.server.running:
+            await h.close()

@@ -1,0 +1,241 @@
+"""Actor lifecycle as a worker performs it: resume, make sure it runs, suspend, destroy.
+
+Substrate's actor status is the truth for the actor; the session hash in Redis records what we
+did (fenced by the lease). A guest address is only ever taken from a fresh RUNNING answer and
+cached for the current lease epoch: worker pods and local slots are reused, so an address from
+an earlier resume may serve another actor now (the guest's identity check is the second guard).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from common.actor_names import actor_name
+from common.config import Config, Environment
+from common.guest_client import GuestClient, GuestError
+from common.metrics import LIFECYCLE_LATENCY
+from common.queue import JobContext, JobFailed, RetryLater
+from common.routing import GuestRouter
+from common.substrate import (
+    Actor,
+    ActorStatus,
+    ConfigurationError,
+    NotFound,
+    SubstrateClient,
+    SubstrateError,
+)
+
+log = logging.getLogger("atefleet.worker.actors")
+
+#: How long to wait for an actor another operation left RESUMING/SUSPENDING, seconds.
+SETTLE_TIMEOUT_S = 60.0
+SETTLE_POLL_S = 0.1
+
+PROBLEM_BASE = "https://atefleet.dev/problems/"
+
+
+def problem(status: int, slug: str, title: str, detail: str, **ext: Any) -> dict[str, Any]:
+    return {"type": PROBLEM_BASE + slug, "title": title, "status": status, "detail": detail, **ext}
+
+
+def session_not_running(env: str, sid: str, state: str) -> JobFailed:
+    return JobFailed(problem(
+        409, "session_not_running", "Session not running",
+        f"session {sid!r} in {env!r} is {state}: resume it first, or send the call with auto_resume",
+        session_state=state))
+
+
+@dataclass
+class RunningGuest:
+    epoch: int
+    actor: Actor
+    guest: GuestClient
+
+
+class ActorKeeper:
+    """Owns the Substrate client, the guest router, and the per-epoch guest cache of a worker."""
+
+    def __init__(self, config: Config, substrate: SubstrateClient, router: GuestRouter) -> None:
+        self.config = config
+        self.substrate = substrate
+        self.router = router
+        self._guests: dict[str, RunningGuest] = {}
+        self._atespaces: set[str] = set()
+
+    def _env(self, ctx: JobContext) -> Environment:
+        env = self.config.environment(ctx.job.environment)
+        if env is None:
+            raise JobFailed(problem(404, "not_found", "Environment not configured",
+                                    f"environment {ctx.job.environment!r} is no longer configured"))
+        return env
+
+    def forget(self, session: str) -> None:
+        """Drop the cached guest (lease ended, actor suspended, or the guest stopped answering)."""
+        cached = self._guests.pop(session, None)
+        if cached is not None:
+            asyncio.get_running_loop().create_task(cached.guest.aclose())
+
+    async def close(self) -> None:
+        for session in list(self._guests):
+            cached = self._guests.pop(session)
+            await cached.guest.aclose()
+
+    # -- running guests ------------------------------------------------------------------------
+
+    async def running_guest(self, ctx: JobContext) -> GuestClient | None:
+        """The guest of this session's actor if it is RUNNING now, else None."""
+        cached = self._guests.get(ctx.job.session)
+        if cached is not None and cached.epoch == ctx.epoch:
+            return cached.guest
+        self.forget(ctx.job.session)
+        env = self._env(ctx)
+        actor = await self._get(env.atespace, actor_name(env.name, ctx.job.session_id))
+        if actor is None or not actor.running:
+            return None
+        return await self._bind(ctx, actor)
+
+    async def _bind(self, ctx: JobContext, actor: Actor) -> GuestClient:
+        """Connect to the guest of a fresh RUNNING answer and check (or bind) its identity."""
+        guest = GuestClient(await self.router.address(actor), session=ctx.job.session)
+        try:
+            await guest.bind()
+        except GuestError:
+            await guest.aclose()
+            raise
+        self._guests[ctx.job.session] = RunningGuest(ctx.epoch, actor, guest)
+        return guest
+
+    async def _get(self, atespace: str, name: str) -> Actor | None:
+        try:
+            return await self.substrate.get_actor(atespace, name)
+        except NotFound:
+            return None
+        except SubstrateError as err:
+            raise _infra(err) from err
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def resume(self, ctx: JobContext) -> dict[str, Any]:
+        """Create if absent, resume, wait RUNNING, bind the guest. Answers seed's `{"status":"ok"}`+."""
+        env = self._env(ctx)
+        name = actor_name(env.name, ctx.job.session_id)
+        session = await ctx.session()
+        if session.get("state") == "destroyed" and session.get("snapshot_kept") == "1":
+            raise JobFailed(problem(
+                409, "session_destroyed", "Session destroyed",
+                f"session {ctx.job.session_id!r} was destroyed with its snapshot kept "
+                f"(actor {session.get('actor')}); destroy it again without keep_snapshot to reuse the id"))
+        started = time.monotonic()
+        try:
+            actor = await self._resume_actor(ctx, env, name)
+        except SubstrateError as err:
+            raise _infra(err) from err
+        await self._bind(ctx, actor)
+        took_ms = round((time.monotonic() - started) * 1000, 1)
+        cold = not session.get("resumed")
+        await ctx.update_session(state="running", actor=name, resumed="1", cold_start="1" if cold else "0",
+                                 last_resume_ms=str(took_ms), last_activity=str(time.time()))
+        LIFECYCLE_LATENCY.labels(op="resume_cold" if cold else "resume").observe(took_ms / 1000)
+        return {"status": "ok", "cold_start": cold, "duration_ms": took_ms, "actor": name}
+
+    async def _resume_actor(self, ctx: JobContext, env: Environment, name: str) -> Actor:
+        if env.atespace not in self._atespaces:
+            await self.substrate.ensure_atespace(env.atespace)
+            self._atespaces.add(env.atespace)
+        actor = await self._get(env.atespace, name)
+        if actor is None:
+            await ctx.update_session(state="new", actor=name)
+            actor = await self.substrate.ensure_actor(env.atespace, name, env.template)
+        if not actor.running:
+            await ctx.update_session(state="resuming", actor=name)
+            actor = await self.substrate.resume_actor(env.atespace, name)
+        return await self._settle(env.atespace, name, actor, want=ActorStatus.RUNNING)
+
+    async def _settle(self, atespace: str, name: str, actor: Actor, want: ActorStatus) -> Actor:
+        """Wait while an operation is in progress (RESUMING/SUSPENDING) until `want` or failure."""
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while actor.status is not want:
+            if actor.status not in (ActorStatus.RESUMING, ActorStatus.SUSPENDING, ActorStatus.PAUSING):
+                raise RetryLater(f"actor {name} is {actor.status.value}, expected {want.value}")
+            if time.monotonic() > deadline:
+                raise RetryLater(f"actor {name} stayed {actor.status.value} for {SETTLE_TIMEOUT_S} s")
+            await asyncio.sleep(SETTLE_POLL_S)
+            actor = await self.substrate.get_actor(atespace, name)
+        return actor
+
+    async def ensure_running(self, ctx: JobContext, auto_resume: bool) -> GuestClient:
+        """The session's guest, resuming the actor first when `auto_resume` asks for it."""
+        guest = await self.running_guest(ctx)
+        if guest is not None:
+            return guest
+        if not auto_resume:
+            state = (await ctx.session()).get("state", "new")
+            raise session_not_running(ctx.job.environment, ctx.job.session_id,
+                                      "suspended" if state == "running" else state)
+        await self.resume(ctx)
+        cached = self._guests[ctx.job.session]
+        return cached.guest
+
+    async def background_processes(self, ctx: JobContext) -> list[dict[str, Any]]:
+        guest = await self.running_guest(ctx)
+        if guest is None:
+            return []
+        return [dict(p) for p in await guest.processes() if p["status"] == "running"]
+
+    async def suspend(self, ctx: JobContext, force: bool) -> dict[str, Any]:
+        """Suspend the actor; refused while background processes run unless `force`."""
+        env = self._env(ctx)
+        name = actor_name(env.name, ctx.job.session_id)
+        if not force:
+            running = await self.background_processes(ctx)
+            if running:
+                raise JobFailed(problem(
+                    409, "background_processes_running", "Background processes running",
+                    f"{len(running)} background process(es) still run; suspend with force=true to stop them",
+                    processes=running))
+        started = time.monotonic()
+        self.forget(ctx.job.session)
+        try:
+            actor = await self._get(env.atespace, name)
+            if actor is not None and actor.status is not ActorStatus.SUSPENDED:
+                await ctx.update_session(state="suspending")
+                actor = await self.substrate.suspend_actor(env.atespace, name)
+                await self._settle(env.atespace, name, actor, want=ActorStatus.SUSPENDED)
+        except SubstrateError as err:
+            raise _infra(err) from err
+        took_ms = round((time.monotonic() - started) * 1000, 1)
+        LIFECYCLE_LATENCY.labels(op="suspend").observe(took_ms / 1000)
+        await ctx.update_session(state="suspended", last_suspend_ms=str(took_ms))
+        return {"status": "ok", "duration_ms": took_ms}
+
+    async def destroy(self, ctx: JobContext, keep_snapshot: bool) -> dict[str, Any]:
+        """Suspend, then delete the actor, or keep it (and so its snapshot) for forensics."""
+        env = self._env(ctx)
+        name = actor_name(env.name, ctx.job.session_id)
+        await ctx.update_session(state="destroying")
+        await self.suspend(ctx, force=True)
+        if keep_snapshot:
+            actor = await self._get(env.atespace, name)
+            where = {"atespace": env.atespace, "actor": name,
+                     "snapshot": actor.latest_snapshot if actor else ""}
+            await ctx.update_session(state="destroyed", snapshot_kept="1", snapshot=where["snapshot"])
+            return {"status": "ok", "snapshot_kept": True, **where}
+        try:
+            await self.substrate.delete_actor(env.atespace, name)
+        except NotFound:
+            pass
+        except SubstrateError as err:
+            raise _infra(err) from err
+        await ctx.update_session(state="destroyed", snapshot_kept="0", snapshot="", resumed="0")
+        return {"status": "ok", "snapshot_kept": False}
+
+
+def _infra(err: SubstrateError) -> Exception:
+    """Substrate errors: configuration problems fail the job; the rest are retried in place."""
+    if isinstance(err, ConfigurationError):
+        return JobFailed(problem(503, "substrate_configuration", "Substrate configuration error", str(err)))
+    return RetryLater(f"substrate: {type(err).__name__}: {err}")

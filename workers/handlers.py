@@ -1,0 +1,142 @@
+"""The worker's job handlers, one per job kind, looked up in a table.
+
+A handler returns the job's result body (exactly what the sync route answers) or raises a queue
+outcome: `RetryLater` for infrastructure failures (kept at the head of the FIFO), `JobFailed`
+with a problem for permanent ones, `JobCancelled` when a cancel request stopped the execution.
+A tool's own failure (exit 1, file not found) is a successful job whose result says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from common.config import Config
+from common.guest_client import GuestClient, GuestError, GuestUnavailable, SessionMismatch
+from common.guest_protocol import Limits, StartRequest
+from common.logs import log_context
+from common.metrics import GUEST_CALL_LATENCY, JOBS_FINISHED
+from common.queue import JobCancelled, JobContext, JobFailed, JobKind, RetryLater
+from common.secret_box import SEALED_ENV_KEY, SecretBox, SecretError
+from common.tool_calls import ToolCall, render_result
+from workers.actors import ActorKeeper, problem
+
+log = logging.getLogger("atefleet.worker")
+
+Handler = Callable[[JobContext], Awaitable[dict[str, Any]]]
+
+
+class JobHandlers:
+    def __init__(self, config: Config, actors: ActorKeeper, secret_box: SecretBox) -> None:
+        self.config = config
+        self.actors = actors
+        self.secret_box = secret_box
+        self._table: dict[JobKind, Handler] = {
+            JobKind.RESUME: self.resume,
+            JobKind.SUSPEND: self.suspend,
+            JobKind.SUSPEND_IF_IDLE: self.suspend_if_idle,
+            JobKind.DESTROY: self.destroy,
+            JobKind.TOOL: self.tool_call,
+        }
+
+    async def __call__(self, ctx: JobContext) -> dict[str, Any]:
+        job = ctx.job
+        with log_context(job=job.id, session=job.session, principal=job.principal):
+            try:
+                result = await self._table[job.kind](ctx)
+            except (JobFailed, JobCancelled) as outcome:
+                JOBS_FINISHED.labels(kind=str(job.kind), state=type(outcome).__name__).inc()
+                raise
+            JOBS_FINISHED.labels(kind=str(job.kind), state="succeeded").inc()
+            return result
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def resume(self, ctx: JobContext) -> dict[str, Any]:
+        return await self.actors.resume(ctx)
+
+    async def suspend(self, ctx: JobContext) -> dict[str, Any]:
+        return await self.actors.suspend(ctx, force=bool(ctx.job.payload.get("force")))
+
+    async def destroy(self, ctx: JobContext) -> dict[str, Any]:
+        return await self.actors.destroy(ctx, keep_snapshot=bool(ctx.job.payload.get("keep_snapshot")))
+
+    async def suspend_if_idle(self, ctx: JobContext) -> dict[str, Any]:
+        """The reconciler's idle suspension, re-checked under the lease: a call that came first wins."""
+        env = self.config.environment(ctx.job.environment)
+        session = await ctx.session()
+        idle_timeout_s = env.idle_timeout_s if env else 0
+        last = float(session.get("last_activity") or 0)
+        reason = None
+        if session.get("state") != "running":
+            reason = f"session is {session.get('state', 'new')}"
+        elif not idle_timeout_s or time.time() - last < idle_timeout_s:
+            reason = "session was active since the idle check"
+        elif await ctx.peek_next_job() is not None:
+            reason = "more work is queued"
+        elif env and not env.suspend_with_background and await self.actors.background_processes(ctx):
+            reason = "background processes are running"
+        if reason:
+            return {"status": "skipped", "reason": reason}
+        result = await self.actors.suspend(ctx, force=True)
+        return {**result, "status": "ok", "idle_suspended": True}
+
+    # -- tool calls ----------------------------------------------------------------------------
+
+    async def tool_call(self, ctx: JobContext) -> dict[str, Any]:
+        payload = ctx.job.payload
+        auto_resume = bool(payload.get("auto_resume"))
+        guest = await self.actors.ensure_running(ctx, auto_resume)
+        result = await self._execute(ctx, guest)
+        await ctx.update_session(last_activity=str(time.time()))
+        if auto_resume and not await self._next_call_resumes(ctx):
+            # Seed semantics: resume before, suspend after; skipped when the next queued job
+            # would resume again at once (coalescing saves a snapshot and a restore).
+            await self.actors.suspend(ctx, force=True)
+        return render_result(ToolCall.from_job_payload(payload), result)
+
+    async def _next_call_resumes(self, ctx: JobContext) -> bool:
+        nxt = await ctx.peek_next_job()
+        return nxt is not None and nxt.kind == JobKind.TOOL and bool(nxt.payload.get("auto_resume"))
+
+    async def _env_variables(self, ctx: JobContext) -> dict[str, str]:
+        """The call's env vars, opened from their sealed form; deleted from Redis as they are taken."""
+        secrets = await ctx.take_secrets()
+        if not secrets or SEALED_ENV_KEY not in secrets:
+            return {}
+        try:
+            return self.secret_box.open(secrets[SEALED_ENV_KEY])
+        except SecretError as err:
+            raise JobFailed(problem(500, "secrets_unreadable", "Env variables unreadable", str(err))) from err
+
+    async def _execute(self, ctx: JobContext, guest: GuestClient) -> dict[str, Any]:
+        env = self.config.environment(ctx.job.environment)
+        payload = ctx.job.payload
+        limits: Limits = env.limits.model_dump(exclude={"max_processes"}) if env else {}  # type: ignore[assignment]
+        request: StartRequest = {
+            "job_id": ctx.job.id,
+            "tool": payload["name"],
+            "arguments": payload.get("arguments") or {},
+            "env": await self._env_variables(ctx),
+            "limits": limits,
+            "skills_dir": env.skills_dir if env else "/skills",
+        }
+        started = time.monotonic()
+        try:
+            view = await guest.run(request, on_output=ctx.append_output, cancelled=ctx.cancelled)
+        except GuestUnavailable as err:
+            # The guest vanished (actor suspended or its pod died behind our back): drop the
+            # cached address; the retry re-reads the actor's status and resumes if asked to.
+            self.actors.forget(ctx.job.session)
+            raise RetryLater(f"guest unavailable: {err}") from err
+        except SessionMismatch as err:
+            self.actors.forget(ctx.job.session)
+            raise RetryLater(f"guest serves another session: {err}") from err
+        except GuestError as err:
+            raise JobFailed(problem(502, "guest_error", "Guest error", str(err))) from err
+        GUEST_CALL_LATENCY.labels(tool=request["tool"]).observe(time.monotonic() - started)
+        if ctx.cancelled.is_set() and view["result"] and view["result"].get("cancelled"):
+            raise JobCancelled("cancelled on request; the process group was killed")
+        return dict(view["result"] or {"output": "", "is_error": True, "error": "no result"})

@@ -1,0 +1,77 @@
+"""`atefleet worker`: one worker process — queue consumer, Substrate client, guest router, handlers.
+
+Wiring only: everything is opened here, passed down by hand, and closed here in order. On
+SIGTERM the consumer stops taking sessions, finishes (or hands back) the ones in flight within
+its grace period, and only then are the Substrate channel and Redis closed, because in-flight
+jobs still need both to record their outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+
+import redis.asyncio as aioredis
+
+from common.config import Config
+from common.metrics import serve_role_endpoints
+from common.queue import Consumer, Queue
+from common.routing import make_router, substrate_address
+from common.secret_box import SecretBox, load_key
+from common.substrate import make_substrate_client
+from workers.actors import ActorKeeper
+from workers.handlers import JobHandlers
+
+log = logging.getLogger("atefleet.worker")
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+async def serve_worker(config: Config, worker_id: str, metrics_port: int = 0,
+                       stop: asyncio.Event | None = None) -> None:
+    """Run until `stop` is set (or SIGTERM/SIGINT when `stop` is None)."""
+    if not config.redis.url:
+        raise SystemExit("atefleet worker: redis.url (or $ATEFLEET_REDIS_URL) is required")
+    stop = stop or _stop_on_signals()
+    redis = aioredis.Redis.from_url(config.redis.url, max_connections=config.workers.concurrency * 2 + 16,
+                                    socket_keepalive=True, health_check_interval=30)
+    substrate = make_substrate_client(config, substrate_address(config))
+    actors = ActorKeeper(config, substrate, make_router(config))
+    queue = Queue(redis, config)
+    handlers = JobHandlers(config, actors, SecretBox(load_key(config.state_dir)))
+    consumer = Consumer(queue, worker_id or default_worker_id(), handlers,
+                        concurrency=config.workers.concurrency)
+    endpoints = await serve_role_endpoints("0.0.0.0", metrics_port, lambda: True) if metrics_port else None
+    log.info("worker started", extra={"fields": {"worker": consumer.worker_id,
+                                                  "concurrency": config.workers.concurrency}})
+    run = asyncio.create_task(consumer.run())
+    try:
+        await asyncio.wait([run, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await consumer.stop()
+        if not run.done():
+            run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+        if endpoints is not None:
+            endpoints.close()
+        await actors.close()
+        await substrate.close()
+        await redis.aclose()
+        log.info("worker stopped")
+
+
+def _stop_on_signals() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+def run_worker(config: Config, worker_id: str, metrics_port: int) -> None:
+    asyncio.run(serve_worker(config, worker_id, metrics_port))
