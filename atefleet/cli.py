@@ -98,6 +98,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     elif args.command == "local-substrate":
         from local_substrate.__main__ import main as substrate_main
 
-        substrate_main(["--listen", args.listen or config.local_substrate.listen,
-                        "--metrics-port", str(args.metrics_port)]
+        substrate_main(["--listen", args.listen or config.local_substrate.listen]
+                       + (["--metrics-port", str(args.metrics_port)] if args.metrics_port else [])
                        + (["--config", args.config] if args.config else []))

@@ -55,7 +55,8 @@ async def our_worker(url: str, worker_id: str) -> None:
         return {"t": time.time()} if ctx.job.payload.get("lat") else {}
 
     consumer = Consumer(queue, worker_id, noop, concurrency=CONCURRENCY, block_ms=1000)
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: asyncio.ensure_future(consumer.stop()))
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, lambda: asyncio.ensure_future(consumer.stop()))
     await consumer.run()
 
 
@@ -120,11 +121,9 @@ async def ours_throughput(redis: aioredis.Redis, url: str, workers: int) -> floa
 
 
 async def _consumers_ready(redis: aioredis.Redis, n: int) -> bool:
-    try:
-        consumers = await redis.xinfo_consumers("af:ready", "workers")
-    except Exception:  # the group does not exist yet
-        return False
-    return len(consumers) >= n
+    """n worker processes are blocked reading `ready` (Redis 6.2 registers consumers lazily)."""
+    clients = await redis.client_list()
+    return sum(1 for c in clients if c.get("cmd") == "xreadgroup") >= n
 
 
 async def _zero(value: Any) -> bool:
@@ -164,7 +163,8 @@ async def arq_throughput(redis: aioredis.Redis, url: str, workers: int) -> float
         total = SESSIONS * JOBS_PER_SESSION
         started = time.perf_counter()
         for chunk in range(0, total, 500):
-            await asyncio.gather(*(pool.enqueue_job("arq_noop") for _ in range(chunk, min(total, chunk + 500))))
+            size = min(total, chunk + 500) - chunk
+            await asyncio.gather(*(pool.enqueue_job("arq_noop") for _ in range(size)))
         await wait_until(lambda: _zero(redis.zcard(ARQ_QUEUE)))
         elapsed = time.perf_counter() - started
     finally:
@@ -192,7 +192,7 @@ async def memory(redis: aioredis.Redis) -> tuple[float, float]:
     async def noop(ctx: JobContext) -> dict[str, Any]:
         return {"exit_code": 0}
 
-    await queue.enqueue_batch([NewJob("bench", f"m{i}", JobKind.TOOL, _tool_payload(), "bench") for i in range(n)])
+    await queue.enqueue_batch([_tool_job(i) for i in range(n)])
     consumer = Consumer(queue, "mem", noop, concurrency=64, block_ms=100)
     task = asyncio.create_task(consumer.run())
     await wait_until(lambda: _zero(redis.zcard("af:work")))
@@ -202,14 +202,15 @@ async def memory(redis: aioredis.Redis) -> tuple[float, float]:
     await wait_until(lambda: _no_out_streams(redis))
     idle = (await _used(redis) - base) / n
     before = await _used(redis)
-    await queue.enqueue_batch([NewJob("bench", f"m{i}", JobKind.TOOL, _tool_payload(), "bench") for i in range(n)])
+    await queue.enqueue_batch([_tool_job(i) for i in range(n)])
     await redis.delete("af:events")
     queued = (await _used(redis) - before) / n
     return idle, queued
 
 
-def _tool_payload() -> dict[str, Any]:
-    return {"tool": "bash", "arguments": {"command": "ls -la"}}
+def _tool_job(i: int) -> NewJob:
+    payload = {"tool": "bash", "arguments": {"command": "ls -la"}}
+    return NewJob("bench", f"m{i}", JobKind.TOOL, payload, "bench")
 
 
 async def _no_out_streams(redis: aioredis.Redis) -> bool:
@@ -242,10 +243,12 @@ async def main() -> None:
             print(f"arq, 2 worker processes: {figures['arq_noop_jobs_per_s_2w']:8.0f} no-op jobs/s")
             figures["ratio_vs_arq"] = figures["noop_jobs_per_s_1w"] / figures["arq_noop_jobs_per_s"]
             figures["ratio_vs_arq_2w"] = figures["noop_jobs_per_s_2w"] / figures["arq_noop_jobs_per_s_2w"]
-            print(f"ratio vs arq: {figures['ratio_vs_arq']:.1f}x (1 worker), {figures['ratio_vs_arq_2w']:.1f}x (2)")
+            r1, r2 = figures["ratio_vs_arq"], figures["ratio_vs_arq_2w"]
+            print(f"ratio vs arq: {r1:.1f}x (1 worker), {r2:.1f}x (2)")
             idle, queued = await memory(redis)
             figures["bytes_per_idle_session"], figures["bytes_per_queued_job"] = idle, queued
-            print(f"redis memory: {idle:.0f} B per idle session (one finished job), {queued:.0f} B per queued job")
+            print(f"redis memory: {idle:.0f} B per idle session (one finished job), "
+                  f"{queued:.0f} B per queued job")
         finally:
             await redis.aclose()
             server.stop()

@@ -229,6 +229,7 @@ class ApiConfig(_Model):
 class WebhookConfig(_Model):
     #: Signing secrets by id (`whsec_` + base64); a job names one with `callback_secret_id`.
     secrets: dict[str, str] = {}
+    #: Entry i = seconds before delivery attempt i (so one attempt per entry).
     retry_schedule_s: tuple[float, ...] = (0, 5, 300, 1800, 7200, 18000, 36000)
     timeout_s: float = Field(15.0, gt=0)
     #: Allow private, loopback and link-local targets (tests, single-host setups).
@@ -242,6 +243,13 @@ class WebhookConfig(_Model):
         bad = [k for k, s in v.items() if not s.startswith("whsec_")]
         if bad:
             raise ValueError(f"secrets {bad} must start with 'whsec_'")
+        return v
+
+    @field_validator("retry_schedule_s")
+    @classmethod
+    def _schedule(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if not v or min(v) < 0:
+            raise ValueError("must list at least one delay, none negative")
         return v
 
 

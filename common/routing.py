@@ -12,12 +12,13 @@ may serve another actor by the time a request lands.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Protocol
 
 from common.config import Config
 from common.guest_protocol import GuestAddress
-from common.substrate import Actor, ActorNotRunning, ActorStatus
+from common.substrate import Actor, ActorNotRunning, ActorStatus, ConfigurationError
 
 #: Host suffix the atenet router selects actors by.
 ACTOR_HOST_SUFFIX = "actors.resources.substrate.ate.dev"
@@ -76,3 +77,20 @@ def make_router(config: Config) -> GuestRouter:
     if not config.ate.ateapi:
         return LocalGuestRouter(config)
     return ClusterGuestRouter(config.ate.router_url)
+
+
+def substrate_address(config: Config) -> str:
+    """The Control API address: `ate.ateapi`, or the embedded local Substrate's from its status file.
+
+    An empty `ate.ateapi` means "the embedded local Substrate" to every role; the supervisor picks
+    its port, and the server records it in `status.json` once it serves.
+    """
+    if config.ate.ateapi:
+        return config.ate.ateapi
+    status = local_substrate_dir(config) / "status.json"
+    try:
+        address = json.loads(status.read_text())["address"]
+    except (OSError, ValueError, KeyError) as err:
+        raise ConfigurationError(
+            f"ate.ateapi is empty and no embedded local Substrate is running ({status}: {err})") from err
+    return str(address)

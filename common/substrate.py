@@ -27,12 +27,13 @@ RESUMING), and `close()` waits for such calls. In JWT mode the bearer token is r
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -41,7 +42,7 @@ from common.ateapi import ateapi_pb2 as pb
 from common.ateapi import ateapi_pb2_grpc as pb_grpc
 from common.config import Config, TLSConfig
 
-T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 #: Deadline of quick calls (get, create, list, atespaces), seconds.
 CALL_DEADLINE_S = 10.0
@@ -264,8 +265,7 @@ def _read_token(token_file: str) -> str:
 
 
 def _open_channel(address: str, tls: TLSConfig | None) -> grpc.aio.Channel:
-    # Keepalive notices a dead server between calls instead of on the next (long) resume.
-    options: list[tuple[str, Any]] = [("grpc.keepalive_time_ms", 30_000)]
+    options: list[tuple[str, Any]] = []
     if tls is None or not tls.enabled:
         return grpc.aio.insecure_channel(address, options=options)
     ca = Path(tls.ca_file).read_bytes() if tls.ca_file else None
@@ -331,8 +331,15 @@ class SubstrateClient:
         """A resume/suspend/pause: long deadline, shielded from the caller's cancellation."""
         task = asyncio.create_task(self._call(rpc, request, self._lifecycle_deadline_s))
         self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
+        task.add_done_callback(self._lifecycle_done)
         return await asyncio.shield(task)
+
+    def _lifecycle_done(self, task: asyncio.Task[Any]) -> None:
+        self._inflight.discard(task)
+        # If the caller was cancelled nobody awaits the outcome: retrieve it so a failure is
+        # logged once here instead of as "exception never retrieved".
+        if not task.cancelled() and task.exception() is not None:
+            log.info("a lifecycle call finished after its caller left: %s", task.exception())
 
     # -- actors ---------------------------------------------------------------------------------
 
@@ -440,9 +447,10 @@ class SubstrateClient:
     async def create_atespace(self, name: str) -> None:
         await self._call("CreateAtespace", pb.CreateAtespaceRequest(name=name), self._call_deadline_s)
 
-    async def get_atespace(self, name: str) -> None:
-        """NotFound if the atespace does not exist."""
-        await self._call("GetAtespace", pb.GetAtespaceRequest(name=name), self._call_deadline_s)
+    async def get_atespace(self, name: str) -> str:
+        """The atespace's name; NotFound if it does not exist."""
+        resp = await self._call("GetAtespace", pb.GetAtespaceRequest(name=name), self._call_deadline_s)
+        return str(resp.atespace.name)
 
     async def ensure_atespace(self, name: str) -> None:
         """Create the atespace unless it exists (AlreadyExists is success)."""

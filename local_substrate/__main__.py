@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import signal
 
-from common.config import load_config
+from common.config import ConfigError, load_config
+from common.logs import setup_logging
+from common.metrics import serve_role_endpoints
 from local_substrate.server import LocalSubstrate
 
 
@@ -21,24 +22,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--config", default=None, help="config.yaml (default: ./config.yaml or built-in defaults)")
     p.add_argument("--listen", default=None, help="HOST:PORT (default: local_substrate.listen)")
+    p.add_argument("--metrics-port", type=int, default=0, help="serve /healthz /readyz /metrics here")
     return p.parse_args(argv)
 
 
 async def serve(args: argparse.Namespace) -> None:
     config = load_config(args.config)
-    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    setup_logging("local_substrate", config.log_level)
     server = LocalSubstrate(config, args.listen)
     await server.start()
+    endpoints = (await serve_role_endpoints("0.0.0.0", args.metrics_port, lambda: True)
+                 if args.metrics_port else None)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    if endpoints is not None:
+        endpoints.close()
     await server.stop()
 
 
 def main(argv: list[str] | None = None) -> None:
-    asyncio.run(serve(parse_args(argv)))
+    try:
+        asyncio.run(serve(parse_args(argv)))
+    except ConfigError as err:
+        raise SystemExit(f"local_substrate: {err}") from None
 
 
 if __name__ == "__main__":

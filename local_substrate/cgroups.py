@@ -8,15 +8,19 @@ counts tmpfs and page cache.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+#: Longest wait for a killed sandbox's processes to be gone, seconds.
+EMPTY_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,13 @@ class SlotCgroup:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+
+    async def wait_empty(self, timeout_s: float = EMPTY_TIMEOUT_S) -> None:
+        """Until every killed process has exited, so the slot's next actor starts clean."""
+        deadline = time.monotonic() + timeout_s
+        while any(_pids(d) for d in self.dirs) and time.monotonic() < deadline:
+            self.kill_all()
+            await asyncio.sleep(0.005)
 
 
 def _pids(d: Path) -> list[int]:

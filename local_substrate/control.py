@@ -3,7 +3,9 @@
 Statuses: create → SUSPENDED (no snapshot); resume: SUSPENDED/PAUSED → RESUMING → RUNNING
 (restore the latest snapshot, else the template's golden one, else — with `boot` — an empty
 workspace); suspend: RUNNING → SUSPENDING → SUSPENDED (stop the guest, snapshot, free the slot);
-pause: the same ending PAUSED; delete only from SUSPENDED.
+pause: the same ending PAUSED; delete only from SUSPENDED. The way out of a failed operation is
+to repeat it: a resume of a RESUMING actor restarts the resume, a suspend of a SUSPENDING one
+retries the checkpoint (so does a resume, before resuming).
 
 One operation per actor at a time: a second resume/suspend/pause while one runs gets ABORTED
 "another operation is in progress" (nothing queues). The lock is keyed by actor name only, like
@@ -25,7 +27,7 @@ import sqlite3
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from common.config import DNS1123_LABEL, Config, TemplateConfig
 from local_substrate.cgroups import Cgroups
@@ -88,7 +90,7 @@ class Control:
             e.template for e in config.environments
         }
         self._busy: set[str] = set()
-        self._ops: set[asyncio.Task[object]] = set()
+        self._ops: set[asyncio.Task[Any]] = set()
 
     # -- startup / shutdown -----------------------------------------------------------------------
 
@@ -113,18 +115,23 @@ class Control:
         """Finish running operations, snapshot running actors (or not), stop every sandbox."""
         if self._ops:
             await asyncio.wait(set(self._ops), timeout=60)
-        for slot in self.slots.slots:
-            if slot.process is None:
-                continue
-            rec = self.store.find_name(slot.actor)
-            if suspend_running and rec is not None and rec.status is Status.RUNNING:
-                await self._exclusive(
-                    rec.name, lambda r=rec: self._suspend(r.atespace, r.name, Status.SUSPENDED)
-                )
-            else:
-                await self._stop_process(slot)
+        busy = [s for s in self.slots.slots if s.process is not None]
+        # Concurrently: a guest that ignores SIGTERM must not delay the others by its grace period.
+        outcomes = await asyncio.gather(
+            *(self._close_slot(s, suspend_running) for s in busy), return_exceptions=True
+        )
+        for slot, outcome in zip(busy, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                log.error("stopping %s failed: %s", slot.name, outcome)
         self.store.close()
         self.cgroups.remove_all()
+
+    async def _close_slot(self, slot: Slot, suspend_running: bool) -> None:
+        rec = self.store.find_name(slot.actor)
+        if suspend_running and rec is not None and rec.status is Status.RUNNING:
+            await self.suspend(rec.atespace, rec.name)
+        else:
+            await self._stop_process(slot)
 
     # -- atespaces --------------------------------------------------------------------------------
 
@@ -241,8 +248,8 @@ class Control:
             raise ControlError("ABORTED", IN_PROGRESS)
         self._busy.add(name)
         task: asyncio.Task[T] = asyncio.create_task(self._run_op(name, op))
-        self._ops.add(task)  # type: ignore[arg-type]
-        task.add_done_callback(self._ops.discard)  # type: ignore[arg-type]
+        self._ops.add(task)
+        task.add_done_callback(self._ops.discard)
         return await asyncio.shield(task)
 
     async def _run_op(self, name: str, op: Callable[[], Awaitable[T]]) -> T:
@@ -273,7 +280,8 @@ class Control:
         if rec.status is Status.RUNNING:
             return rec
         if rec.status in (Status.SUSPENDING, Status.PAUSING):
-            raise precondition(f"actor {atespace}/{name} is {rec.status.name.lower()}: suspend it first")
+            # An earlier suspend failed midway: finish its checkpoint first, then resume from it.
+            rec = await self._suspend(atespace, name, Status.SUSPENDED)
         self._release_leftover(rec)
         slot = self.slots.claim(name)
         if slot is None:
@@ -359,7 +367,7 @@ class Control:
             return
         log.warning("guest of %s/%s in %s exited (%s): actor falls back to its last snapshot",
                     rec.atespace, rec.name, slot.name, rc)  # fmt: skip
-        process.kill()
+        await process.reap()
         current = self.store.get(rec.atespace, rec.name)
         if current is not None and current.run_id == rec.run_id and current.status is Status.RUNNING:
             self.store.update(current.evolve(status=Status.SUSPENDED, slot="", run_id=""))

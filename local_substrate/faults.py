@@ -6,12 +6,18 @@ from __future__ import annotations
 import asyncio
 import random
 
+import grpc
+
 from common.config import FaultConfig
 from local_substrate.errors import ControlError
 
 
 class Faults:
     def __init__(self, config: FaultConfig) -> None:
+        if config.error_code not in grpc.StatusCode.__members__:
+            raise ValueError(
+                f"local_substrate.faults.error_code {config.error_code!r} is not a gRPC status code"
+            )
         self._config = config
         self._random = random.Random(config.seed)
 

@@ -22,7 +22,7 @@ from local_substrate.cgroups import Cgroups
 from local_substrate.guests import sandbox_spec
 from local_substrate.layout import Layout
 from local_substrate.sandbox import start_sandbox
-from local_substrate.slots import SANDBOX_UID_BASE, SlotDirs
+from local_substrate.slots import SlotDirs, uid_block
 from local_substrate.snapshots import write_snapshot
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class GoldenSnapshots:
         self, template: TemplateConfig, skills: tuple[tuple[Path, str], ...], target: Path
     ) -> None:
         base = self._layout.bake / template.name
-        dirs = SlotDirs(base, base / "sock", SANDBOX_UID_BASE - 1)
+        dirs = SlotDirs(base, base / "sock", uid_block(self._layout.root))
         dirs.reset()
         try:
             if template.setup:

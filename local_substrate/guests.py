@@ -53,7 +53,16 @@ def sandbox_spec(
 
 def guest_command(level: str, spec: SandboxSpec) -> list[str]:
     v = view(level, spec)
-    cmd = [sys.executable, "-m", "guest", "--uds", f"{v.sock_dir}/{SOCKET_NAME}", "--workspace", v.workspace]
+    cmd = [
+        sys.executable,
+        "-S",
+        "-m",
+        "guest",
+        "--uds",
+        f"{v.sock_dir}/{SOCKET_NAME}",
+        "--workspace",
+        v.workspace,
+    ]
     cmd += ["--state-dir", v.state]
     if v.skills:
         cmd += ["--skills-dir", v.skills[0]]

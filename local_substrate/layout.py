@@ -2,6 +2,7 @@
 
     actors.db                 sqlite: actors and atespaces (store.py)
     status.json               written once serving: address, sandbox level, slots, pid
+    lock                      flock held by the serving process (one server per state dir)
     snapshots/<actor_id>/     workspace snapshots, <seq>.tar.zst (snapshots.py)
     golden/                   one baked snapshot per template setup (golden.py)
     slots/<slot>/             a slot's live dirs: workspace/, state/, tmp/, root/ (unshare mount point)

@@ -38,7 +38,7 @@ def actor_pb(rec: ActorRecord) -> Any:
         version=rec.version,
         actor_template_namespace=rec.template_namespace,
         actor_template_name=rec.template_name,
-        status=int(rec.status),
+        status=f"STATUS_{rec.status.name}",
         ateom_pod_namespace=POD_NAMESPACE if running and rec.slot else "",
         ateom_pod_name=rec.slot if running else "",
         ateom_pod_uid=rec.run_id if running else "",
@@ -49,7 +49,7 @@ def actor_pb(rec: ActorRecord) -> Any:
     )
 
 
-class ControlServicer(pb_grpc.ControlServicer):  # type: ignore[misc]
+class ControlServicer(pb_grpc.ControlServicer):
     def __init__(self, control: Control, faults: Faults) -> None:
         self._c = control
         self._faults = faults

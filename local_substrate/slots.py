@@ -8,16 +8,29 @@ recently used one, so consecutive resumes spread over slots) or None when all ar
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from local_substrate.layout import Layout
 from local_substrate.sandbox import SandboxProcess
 
-#: Sandbox uid of slot i is SANDBOX_UID_BASE + i; golden-snapshot baking uses SANDBOX_UID_BASE - 1.
-SANDBOX_UID_BASE = 200_000
+#: Sandbox uids: each state dir gets its own block of UID_BLOCK uids from UID_FIRST on (so two
+#: local Substrates on one host never share a uid, hence an RLIMIT_NPROC budget); in a block,
+#: uid 0 bakes golden snapshots and slot i runs as uid i + 1.
+UID_FIRST = 200_000
+UID_BLOCK = 1025
+UID_BLOCKS = 2000
+
+
+def uid_block(root: Path) -> int:
+    """The first uid of the block of the local Substrate whose state dir is `root`."""
+    digest = int(hashlib.sha256(str(root).encode()).hexdigest()[:8], 16)
+    return UID_FIRST + (digest % UID_BLOCKS) * UID_BLOCK
+
+
 #: The dirs of a slot that a sandbox sees writable (`sock` lives apart: see layout.py).
 SLOT_DIRS = ("workspace", "state", "tmp")
 
@@ -78,7 +91,6 @@ class Slot:
     #: True while a suspend stops the sandbox on purpose.
     stopping: bool = False
     last_used: int = 0
-    extra: dict[str, str] = field(default_factory=dict)
 
     @property
     def uid(self) -> int:
@@ -89,7 +101,7 @@ class SlotPool:
     def __init__(self, layout: Layout, count: int) -> None:
         self.slots = [
             Slot(f"slot-{i}", SlotDirs(layout.slot_dir(f"slot-{i}"), layout.socket(f"slot-{i}").parent,
-                                       SANDBOX_UID_BASE + i))
+                                       uid_block(layout.root) + 1 + i))
             for i in range(count)
         ]  # fmt: skip
         self._by_name = {s.name: s for s in self.slots}

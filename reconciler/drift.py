@@ -21,7 +21,7 @@ class Drift(StrEnum):
     #: Redis says running, the actor is SUSPENDED (pod died, self-suspend): processes and
     #: unsnapshotted work are gone. State → lost.
     MEMORY_LOST = "memory_lost"
-    #: The actor vanished while Redis still counts on it. State → lost.
+    #: The actor of a running session vanished. State → lost.
     ACTOR_MISSING = "actor_missing"
     #: The actor RUNS while Redis says it does not (we crashed after resuming). State → running,
     #: activity now, so the idle policy applies.
@@ -41,8 +41,6 @@ class Drift(StrEnum):
 
 #: Redis states that mean "the actor should not be running" (a RUNNING actor is adopted).
 _NOT_RUNNING = frozenset({"new", "suspended", "resuming", "lost"})
-#: Redis states that count on an actor existing.
-_NEEDS_ACTOR = frozenset({"running", "resuming", "suspending", "suspended"})
 
 _HEX_TAIL = re.compile(rf"[0-9a-f]{{{HASH_HEX}}}")
 
@@ -75,7 +73,8 @@ def session_drift(row: SessionRow, actor: Actor | None, stuck: bool) -> Drift | 
     if row.state == "destroyed":
         return _destroyed(row, actor, stuck)
     if actor is None:
-        return Drift.ACTOR_MISSING if row.state in _NEEDS_ACTOR else None
+        # Only a running session loses something; a parked one gets its actor back on resume.
+        return Drift.ACTOR_MISSING if row.state == "running" else None
     if actor.status is ActorStatus.RUNNING:
         stale_suspend = row.state == "suspending" and not row.queued
         return Drift.ADOPTED if row.state in _NOT_RUNNING or stale_suspend else None

@@ -76,8 +76,10 @@ class GcPass:
                 report.repaired("stale_index_entries", await self.store.prune_index(env.name, stale))
 
     async def _events(self, report: PassReport) -> None:
-        # Stream ids are `<ms>-<seq>`: MINID drops entries older than the job TTL.
+        # Stream ids are `<ms>-<seq>`: MINID drops entries older than the job TTL. Exact, not `~`:
+        # an approximate trim keeps a whole node while any entry in it is young, i.e. forever
+        # on a quiet fleet; once a minute the exact one is cheap.
         oldest_ms = int((time.time() - self.config.jobs.ttl_s) * 1000)
         events = self.queue.keys.events
-        trimmed = await self.queue.redis.xtrim(events, minid=f"{oldest_ms}-0", approximate=True)
+        trimmed = await self.queue.redis.xtrim(events, minid=f"{oldest_ms}-0", approximate=False)
         report.repaired("events_trimmed", int(trimmed))

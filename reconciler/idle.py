@@ -67,16 +67,14 @@ class IdlePass:
 
     def _due(self, row: SessionRow, timeout_s: float, now: float, asked: dict[str, _Asked]) -> bool:
         """Idle past the timeout, no job, no owner, and not already asked for this stamp lately."""
-        if not timeout_s or row.state != "running" or row.queued or row.leased:
-            return False
         last = row.last_activity or 0.0
-        if now - last < timeout_s:
-            return False
         before = self._asked.get(row.session)
-        if before is not None and before.stamp == last and now - before.at < timeout_s:
-            asked[row.session] = before
+        remembered = before is not None and before.stamp == last and row.state == "running"
+        if remembered and before is not None:
+            asked[row.session] = before  # still the same idle stretch: keep remembering it
+        if not timeout_s or row.state != "running" or row.queued or row.leased or now - last < timeout_s:
             return False
-        return True
+        return not (remembered and before is not None and now - before.at < timeout_s)
 
     async def _ask(self, rows: list[SessionRow], timeout_s: float, now: float,
                    asked: dict[str, _Asked]) -> None:

@@ -7,7 +7,9 @@ listed status stale) voids the write. Each repair re-reads its actor (GetActor) 
 the fresh status still calls for the same repair, because ListActors may be stale or miss actors.
 An actor is an orphan only when seen as one in two passes: a session created after a survey gets
 its actor after that survey, so the next pass's survey (which follows the earlier list) has it.
-Sessions a worker owns are never touched; they are looked at again next pass.
+Sessions a worker owns are never touched; they are looked at again next pass. The stuck and
+orphan clocks live in memory: a new leader starts them afresh, so it waits a full threshold (or
+one more pass) before acting, erring on the side of waiting.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ _LOST_REASONS = {
                        "suspended on its own); processes and unsnapshotted work are gone",
     Drift.ACTOR_MISSING: "actor missing: Substrate no longer has it; its workspace is gone",
 }
+
+#: Drifts repaired on the Substrate side: they count even when the session record moved on.
+_SUBSTRATE_SIDE = frozenset({Drift.STUCK_RESUMING, Drift.STUCK_SUSPENDING, Drift.DESTROY_FINISHED})
 
 Repair = Callable[[], Awaitable[bool]]
 
@@ -73,7 +78,7 @@ class StatusSync:
         orphans: Orphans = {}
         for atespace, envs in self._atespaces().items():
             rows = [r for env in envs async for page in self.store.sessions(env.name) for r in page]
-            actors = {a.name: a async for a in self.substrate.list_actors(atespace)}
+            actors = await self._list(atespace)
             report.examined += len(rows) + len(actors)
             self._track(atespace, actors, transit)
             expected = {actor_name(r.environment, r.session_id): r for r in rows}
@@ -85,6 +90,12 @@ class StatusSync:
         done = await asyncio.gather(*(self._guarded(kind, fn) for kind, fn in repairs))
         for (kind, _), ok in zip(repairs, done, strict=True):
             report.repaired(kind, int(ok))
+
+    async def _list(self, atespace: str) -> dict[str, Actor]:
+        try:
+            return {a.name: a async for a in self.substrate.list_actors(atespace)}
+        except NotFound:
+            return {}  # no such atespace (yet): it holds no actors
 
     def _atespaces(self) -> dict[str, list[Environment]]:
         by_space: dict[str, list[Environment]] = {}
@@ -173,7 +184,7 @@ class StatusSync:
             delete_after_s = self.config.reconciler.orphan_delete_after_s
             if actor is None or orphan_drift(actor, stuck, orphan_for_s, delete_after_s) is not kind:
                 return False
-            detail = await self._act(kind, atespace, name, actor, self._transit)
+            detail = await self._act(kind, atespace, name, actor, self._transit)  # this pass's, by now
             if detail is None:
                 return False
             await self.store.record_actor_drift(self.leader.value, atespace, name, kind.value, detail)
@@ -224,7 +235,3 @@ class StatusSync:
             return None  # still settling: the next pass deletes it
         await self.substrate.delete_actor(atespace, name)
         return "actor suspended and deleted (its snapshots with it)"
-
-
-#: Drifts repaired on the Substrate side: they count even when the session record moved on.
-_SUBSTRATE_SIDE = frozenset({Drift.STUCK_RESUMING, Drift.STUCK_SUSPENDING, Drift.DESTROY_FINISHED})

@@ -17,10 +17,13 @@ from importlib import resources
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
 
 from common.queue.keys import Keys, session_name
 from common.queue.models import text
-from common.queue.scripts import EVENTS_MAXLEN, LuaScript, RedisArg
+from common.queue.scripts import EVENTS_MAXLEN
+
+RedisArg = str | int | float | bytes
 
 #: Sessions read per survey script call: bounds how long one call blocks Redis (~1-2 ms).
 SURVEY_PAGE = 500
@@ -106,14 +109,15 @@ class ReconcilerStore:
         self.keys = keys
         self.rkeys = ReconcilerKeys(keys.prefix)
         header = keys.lua_prelude() + f"local EVENTS_MAXLEN = {EVENTS_MAXLEN}\n"
-        self._s = {
-            name: LuaScript(header + _load(f"{name}.lua"))
+        # redis-py's registered scripts run by EVALSHA and reload themselves on NOSCRIPT.
+        self._s: dict[str, AsyncScript] = {
+            name: redis.register_script(header + _load(f"{name}.lua"))
             for name in ("survey", "repair_session", "actor_drift", "leader_acquire", "leader_renew",
                          "leader_release", "gc_keys", "prune_index")
         }
 
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[RedisArg]) -> Any:
-        return await self._s[name](self.redis, keys, args)
+        return await self._s[name](keys=list(keys), args=list(args))
 
     # -- sessions --------------------------------------------------------------------------------
     async def survey(self, environment: str, cursor: str = "", count: int = SURVEY_PAGE

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +64,9 @@ class ActorKeeper:
         self.config = config
         self.substrate = substrate
         self.router = router
-        self._guests: dict[str, RunningGuest] = {}
+        #: Guests of recently served sessions, least recently used first (bounded, see _remember).
+        self._guests: OrderedDict[str, RunningGuest] = OrderedDict()
+        self._max_cached = max(64, config.workers.concurrency * 4)
         self._atespaces: set[str] = set()
 
     def _env(self, ctx: JobContext) -> Environment:
@@ -87,27 +90,48 @@ class ActorKeeper:
     # -- running guests ------------------------------------------------------------------------
 
     async def running_guest(self, ctx: JobContext) -> GuestClient | None:
-        """The guest of this session's actor if it is RUNNING now, else None."""
-        cached = self._guests.get(ctx.job.session)
+        """The guest of this session's actor if it is RUNNING now, else None.
+
+        Within one lease epoch the cached guest is used as is. A new epoch re-reads the actor
+        (a fresh status answer); the cached connection is kept only if it still points at the same
+        incarnation (`pod_uid` changes on every resume), which skips a reconnect and identity bind.
+        """
+        session = ctx.job.session
+        cached = self._guests.get(session)
         if cached is not None and cached.epoch == ctx.epoch:
+            self._guests.move_to_end(session)
             return cached.guest
-        self.forget(ctx.job.session)
         env = self._env(ctx)
         actor = await self._get(env.atespace, actor_name(env.name, ctx.job.session_id))
         if actor is None or not actor.running:
+            self.forget(session)
             return None
+        if cached is not None and cached.actor.pod_uid == actor.pod_uid and actor.pod_uid:
+            cached.epoch = ctx.epoch
+            self._guests.move_to_end(session)
+            return cached.guest
+        self.forget(session)
         return await self._bind(ctx, actor)
 
     async def _bind(self, ctx: JobContext, actor: Actor) -> GuestClient:
         """Connect to the guest of a fresh RUNNING answer and check (or bind) its identity."""
         guest = GuestClient(await self.router.address(actor), session=ctx.job.session)
         try:
-            await guest.bind()
+            # The first /v1 request binds a fresh guest to this session; a guest bound to another
+            # session (a reused slot or pod) answers SessionMismatch.
+            await guest.list_processes()
         except GuestError:
             await guest.aclose()
             raise
-        self._guests[ctx.job.session] = RunningGuest(ctx.epoch, actor, guest)
+        self._remember(ctx.job.session, RunningGuest(ctx.epoch, actor, guest))
         return guest
+
+    def _remember(self, session: str, running: RunningGuest) -> None:
+        """Cache a guest; past the bound, the least recently used one is closed (its session idle)."""
+        self._guests[session] = running
+        self._guests.move_to_end(session)
+        while len(self._guests) > self._max_cached:
+            self.forget(next(iter(self._guests)))
 
     async def _get(self, atespace: str, name: str) -> Actor | None:
         try:
@@ -184,7 +208,7 @@ class ActorKeeper:
         guest = await self.running_guest(ctx)
         if guest is None:
             return []
-        return [dict(p) for p in await guest.processes() if p["status"] == "running"]
+        return [dict(p) for p in await guest.list_processes() if p["status"] == "running"]
 
     async def suspend(self, ctx: JobContext, force: bool) -> dict[str, Any]:
         """Suspend the actor; refused while background processes run unless `force`."""

@@ -15,7 +15,7 @@ from typing import Any
 
 from common.config import Config
 from common.guest_client import GuestClient, GuestError, GuestUnavailable, SessionMismatch
-from common.guest_protocol import Limits, StartRequest
+from common.guest_protocol import Limits
 from common.logs import log_context
 from common.metrics import GUEST_CALL_LATENCY, JOBS_FINISHED
 from common.queue import JobCancelled, JobContext, JobFailed, JobKind, RetryLater
@@ -115,17 +115,17 @@ class JobHandlers:
         env = self.config.environment(ctx.job.environment)
         payload = ctx.job.payload
         limits: Limits = env.limits.model_dump(exclude={"max_processes"}) if env else {}  # type: ignore[assignment]
-        request: StartRequest = {
-            "job_id": ctx.job.id,
-            "tool": payload["name"],
-            "arguments": payload.get("arguments") or {},
-            "env": await self._env_variables(ctx),
-            "limits": limits,
-            "skills_dir": env.skills_dir if env else "/skills",
-        }
+        tool = str(payload["name"])
         started = time.monotonic()
+
+        async def on_output(stream: str, data: str) -> None:
+            await ctx.append_output(stream, data)
+
         try:
-            view = await guest.run(request, on_output=ctx.append_output, cancelled=ctx.cancelled)
+            result, _ = await guest.run(
+                ctx.job.id, tool, dict(payload.get("arguments") or {}),
+                env=await self._env_variables(ctx), limits=limits,
+                skills_dir=env.skills_dir if env else None, on_output=on_output, cancelled=ctx.cancelled)
         except GuestUnavailable as err:
             # The guest vanished (actor suspended or its pod died behind our back): drop the
             # cached address; the retry re-reads the actor's status and resumes if asked to.
@@ -136,7 +136,7 @@ class JobHandlers:
             raise RetryLater(f"guest serves another session: {err}") from err
         except GuestError as err:
             raise JobFailed(problem(502, "guest_error", "Guest error", str(err))) from err
-        GUEST_CALL_LATENCY.labels(tool=request["tool"]).observe(time.monotonic() - started)
-        if ctx.cancelled.is_set() and view["result"] and view["result"].get("cancelled"):
+        GUEST_CALL_LATENCY.labels(tool=tool).observe(time.monotonic() - started)
+        if ctx.cancel_requested:
             raise JobCancelled("cancelled on request; the process group was killed")
-        return dict(view["result"] or {"output": "", "is_error": True, "error": "no result"})
+        return dict(result)

@@ -3,10 +3,12 @@
 It reads the queue's `events` stream in its own consumer group (`webhooks`), so it sees every
 state change exactly as written, independently of other readers. For an event of a terminal state
 with `cb="1"` it enqueues the arq job `webhook:<job id>`; arq refuses a second job with the same id
-while the first is queued, running or its result is kept, so events read twice collapse into one
-delivery. The entry is acknowledged only after the enqueue, so a feeder that dies in between
-leaves it pending and it is handled again: by the same consumer when it restarts (it first reads
-its own pending entries), or by another one that claims entries idle for `CLAIM_IDLE_MS`.
+while the first is queued, running or its result is kept, and a delivery whose final attempt is
+recorded on the job is never made again, so events read twice collapse into one delivery.
+
+The entry is acknowledged only after the enqueue, so a feeder that dies in between leaves it
+pending and it is handled again: by the same consumer when it restarts (it first reads its own
+pending entries), or by another one that claims entries idle for `CLAIM_IDLE_MS`.
 """
 
 from __future__ import annotations

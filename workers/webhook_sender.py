@@ -87,6 +87,8 @@ class WebhookSender:
             headers = self._headers(job, body)
         except KeyError:
             return AttemptOutcome(None, "unknown callback_secret_id", 0, final=True)
+        except ValueError:
+            return AttemptOutcome(None, "signing secret is not whsec_ + base64", 0, final=True)
         try:
             status, retry_after = await self._send(url, body, headers)
         except httpx.InvalidURL as err:
@@ -100,7 +102,11 @@ class WebhookSender:
                               final=ok or status == 410, retry_after_s=retry_after)
 
     def _headers(self, job: JobRecord, body: bytes) -> dict[str, str]:
-        """Standard Webhooks headers; KeyError when the job names a secret the config lacks."""
+        """Standard Webhooks headers.
+
+        Raises KeyError when the job names a secret the config lacks, ValueError when that secret
+        is malformed: both are final (retrying cannot fix the configuration of this job).
+        """
         now = int(time.time())
         headers = {"content-type": "application/json", "webhook-id": job.id, "webhook-timestamp": str(now)}
         if job.callback_secret_id is not None:

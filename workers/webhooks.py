@@ -239,8 +239,8 @@ class Deliverer:
         """Stop feeding, let in-flight deliveries finish for `grace_s`, then cancel the rest."""
         if self._stop.is_set():
             return
-        # The feeder goes first: it finishes and acknowledges its batch, and uses the pool the
-        # worker closes.
+        # The feeder goes first: it finishes and acknowledges its batch while the shared pool is
+        # still open, and enqueues nothing for a worker that is going away.
         self._stop.set()
         feeder, worker = self._tasks
         await asyncio.wait([feeder])

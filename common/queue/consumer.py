@@ -50,13 +50,16 @@ BACKOFF_MAX_S = 1.0
 
 @dataclass
 class _Turn:
-    """A session held by this consumer: its lease and the job running now."""
+    """A session held by this consumer: its lease, its task and the job running now."""
 
     lease: Lease
     expires_at: float
+    task: asyncio.Task[Any] | None = None
     ctx: JobContext | None = None
-    task: asyncio.Task[dict[str, Any]] | None = None
     lost: bool = False
+    #: The handler is running: the only time the turn's task may be cancelled (lease lost, hard
+    #: stop), so that outcome writes are never interrupted half way.
+    in_handler: bool = False
     #: A finishing call is in flight; it may release the lease, so a renewal that finds the lease
     #: gone meanwhile is not a loss (the finishing call itself reports a real one).
     finishing: bool = False
@@ -98,6 +101,7 @@ class Consumer:
         self._slot_free = asyncio.Event()
         self._stop = asyncio.Event()
         self._done = asyncio.Event()
+        self._hard_stop = False
         #: Counters for tests and metrics.
         self.stats = {"jobs": 0, "turns": 0, "leases_lost": 0, "retries": 0}
 
@@ -126,16 +130,25 @@ class Consumer:
     async def _shutdown(self, *background: asyncio.Task[None]) -> None:
         reader, renewer, listener = background
         # The reader goes first so no new session is taken; turns end after their current job.
+        # It is let to finish its blocking read (entries it got still run) rather than cancelled:
+        # an entry delivered but dropped would wait for the reconciler's XAUTOCLAIM.
         self._stop.set()
+        self._slot_free.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(reader), self.block_ms / 1000 + 1.0)
         await _cancel_and_wait(reader)
         if self._turn_tasks:
             await asyncio.wait(set(self._turn_tasks), timeout=self.stop_grace_s)
-        # Past the grace period, cancel: each turn releases its lease so another worker resumes
-        # the interrupted job at once. Renewals keep flowing until every turn is gone.
-        for task in list(self._turn_tasks):
-            task.cancel()
+        # Past the grace period, cancel running handlers: each turn then releases its lease so
+        # another worker resumes the interrupted job at once. Renewals keep flowing meanwhile.
+        self._hard_stop = True
+        for turn in list(self._turns.values()):
+            if turn.in_handler and turn.task is not None:
+                turn.task.cancel()
         if self._turn_tasks:
             await asyncio.wait(set(self._turn_tasks), timeout=self.lease_ttl_s)
+        for task in list(self._turn_tasks):
+            task.cancel()
         await _cancel_and_wait(renewer)
         await _cancel_and_wait(listener)
 
@@ -146,7 +159,7 @@ class Consumer:
             if free <= 0:
                 self._slot_free.clear()
                 await self._slot_free.wait()
-                continue
+                continue  # (stop() also sets it, to end this loop)
             try:
                 entries = await self._retrying(
                     lambda n=free: self.queue.read_ready(self.worker_id, n, self.block_ms),  # type: ignore[misc]
@@ -154,6 +167,10 @@ class Consumer:
                 )
             except Stopped:
                 return
+            except Exception:  # a reader that dies silently would stop this worker for good
+                log.exception("reading `ready` failed; retrying")
+                await asyncio.sleep(BACKOFF_MAX_S)
+                continue
             for entry_id, session in entries:
                 task = asyncio.create_task(self._turn(entry_id, session))
                 self._turn_tasks.add(task)
@@ -176,7 +193,7 @@ class Consumer:
             return  # if it did take the lease, the lease expires and repair re-notifies
         if acquired.lease is None:
             return
-        turn = _Turn(acquired.lease, expires_at=started + self.lease_ttl_s)
+        turn = _Turn(acquired.lease, expires_at=started + self.lease_ttl_s, task=asyncio.current_task())
         stale = self._turns.get(session)
         if stale is not None:
             # Our own earlier turn outlived its lease (the new epoch proves it): stop it first.
@@ -201,17 +218,16 @@ class Consumer:
             if turn.lost:
                 return
             take_next = budget > 0 and not self._stop.is_set()
-            # The final write is shielded: a stop must not leave a finished job unrecorded.
             turn.finishing = True
-            job = await asyncio.shield(self._finish(turn, job, outcome, take_next))
+            job = await self._finish(turn, job, outcome, take_next)
             turn.finishing = False
 
     async def _execute(self, turn: _Turn, job: JobRecord) -> _Outcome:
         ctx = JobContext(self.queue, turn.lease, job)
         turn.ctx = ctx
-        turn.task = asyncio.create_task(self.handler(ctx))
+        turn.in_handler = True
         try:
-            return _Outcome(JobState.SUCCEEDED, result=await turn.task)
+            return _Outcome(JobState.SUCCEEDED, result=await self.handler(ctx))
         except RetryLater as err:
             return _Outcome(None, retry=err)
         except JobFailed as err:
@@ -221,18 +237,19 @@ class Consumer:
                        "detail": err.detail}
             return _Outcome(JobState.CANCELLED, error=problem)
         except LeaseLost:
+            turn.in_handler = False
             self._lose(turn, "a fenced write was refused")
             return _Outcome(None)
         except asyncio.CancelledError:
-            if turn.lost and not _current_task_cancelling():
-                return _Outcome(None)  # we cancelled the handler because the lease was lost
-            turn.task.cancel()
+            if turn.lost and not self._hard_stop and turn.task is not None:
+                turn.task.uncancel()  # we cancelled the handler because the lease was lost
+                return _Outcome(None)
             raise
         except Exception as err:  # an unexpected handler error is retried, then DLQ
             log.exception("handler error on job %s of %s; retrying later", job.id, job.session)
             return _Outcome(None, retry=RetryLater(f"handler error: {type(err).__name__}: {err}"))
         finally:
-            turn.task = None
+            turn.in_handler = False
 
     async def _finish(
         self, turn: _Turn, job: JobRecord, outcome: _Outcome, take_next: bool
@@ -280,7 +297,7 @@ class Consumer:
         if turn.ctx is not None:
             turn.ctx.lease_lost = True
             turn.ctx.cancelled.set()
-        if turn.task is not None:
+        if turn.in_handler and turn.task is not None and turn.task is not asyncio.current_task():
             turn.task.cancel()
 
     async def _renew_loop(self) -> None:
@@ -294,13 +311,17 @@ class Consumer:
             try:
                 pairs = [(t.lease, t.ctx.job.id if t.ctx else None) for t in turns]
                 answers = await self.queue.renew(pairs)
-            except TRANSIENT as err:
+            except Exception as err:  # any failure to renew counts against the leases' expiry
+                if not isinstance(err, TRANSIENT):
+                    log.exception("lease renewal failed")
                 self._expire_unrenewed(err)
                 continue
             for turn, answer in zip(turns, answers, strict=True):
                 self._apply_renewal(turn, answer, started)
 
     def _apply_renewal(self, turn: _Turn, answer: int, started: float) -> None:
+        if self._turns.get(turn.lease.session) is not turn:
+            return  # the turn ended (and released) while the renewal was in flight
         if answer == 0:
             if not turn.finishing:
                 self._lose(turn, "renewal found another owner or none")
@@ -328,7 +349,9 @@ class Consumer:
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if msg is not None:
                         self._cancel_requested(text(msg["data"]))
-            except TRANSIENT:
+            except Exception as err:  # keep listening whatever happened; renewals cover the gap
+                if not isinstance(err, TRANSIENT):
+                    log.exception("cancel listener failed")
                 await asyncio.sleep(backoff)
                 backoff = min(BACKOFF_MAX_S, backoff * 2)
             finally:
@@ -364,12 +387,6 @@ class Consumer:
 
 class Stopped(Exception):
     """The consumer stopped while Redis was unreachable."""
-
-
-def _current_task_cancelling() -> bool:
-    """Whether the task running this code (not the handler) is itself being cancelled."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
 
 
 async def _cancel_and_wait(task: asyncio.Task[Any]) -> None:

@@ -4,9 +4,9 @@ Per-session keys carry the session as a hash tag, `{env/sid}`, so that one sessi
 share a slot on a cluster. The scripts also touch the fleet-wide keys (`ready`, `events`, ...), so
 the queue as a whole needs a single Redis node; the tags are for locality, not for Cluster.
 
-Lua scripts receive the keys the caller knows as KEYS. Keys a script discovers while running (the
-next job of a FIFO, the sessions found in `active` or `delayed`) are built in Lua by the prelude
-that `lua_prelude` generates from the same templates, so key shapes are written down once, here.
+Python reads keys through `Keys`; Lua scripts build the same names from the prelude that
+`Keys.lua_prelude` generates, so key shapes are written down once, here, and script calls carry
+only values (fewer arguments to encode on the hot path).
 """
 
 from __future__ import annotations
@@ -110,15 +110,27 @@ class Keys:
         return f"{self.prefix}sessions:{environment}"
 
     def lua_prelude(self) -> str:
-        """Lua functions building the same names as the methods above, for keys found at run time."""
+        """Lua: the fleet-wide key names as constants and builders for per-session/per-job names.
+
+        Scripts build every name they touch from this prelude, so the shapes are written once
+        (here) and calls carry only values.
+        """
         p = _lua_string(self.prefix)
-        return (
+        constants = {
+            "K_READY": self.ready, "K_EVENTS": self.events, "K_DLQ": self.dlq, "K_DELAYED": self.delayed,
+            "K_ACTIVE": self.active, "K_WORK": self.work, "CH_DONE": self.done_channel,
+            "CH_CANCEL": self.cancel_channel, "GROUP": READY_GROUP,
+        }
+        lines = [f"local {name} = {_lua_string(value)}\n" for name, value in constants.items()]
+        return "".join(lines) + (
             f"local function job_key(j) return {p} .. 'job:' .. j end\n"
             f"local function out_key(j) return {p} .. 'out:' .. j end\n"
             f"local function sec_key(j) return {p} .. 'sec:' .. j end\n"
             f"local function fifo_key(s) return {p} .. 'sq:{{' .. s .. '}}' end\n"
             f"local function sess_key(s) return {p} .. 'sess:{{' .. s .. '}}' end\n"
             f"local function lease_key(s) return {p} .. 'lease:{{' .. s .. '}}' end\n"
+            f"local function idem_key(principal, k) return {p} .. 'idem:' .. principal .. ':' .. k end\n"
+            f"local function index_key(env) return {p} .. 'sessions:' .. env end\n"
         )
 
 

@@ -31,10 +31,10 @@ from common.queue.models import (
     NewJob,
     text,
 )
-from common.queue.scripts import Acquired, Lease, QueueScripts, TerminalArgs
+from common.queue.scripts import EVENTS_MAXLEN, Acquired, Lease, QueueScripts, ScriptLimits
 
-#: Lifetime of an output stream that holds only the end marker (the job wrote no output): long
-#: enough to wake readers already blocked on it; later readers see the terminal record instead.
+#: Lifetime of an output stream that holds only the end marker (the job wrote no output but a
+#: reader was blocked on it): long enough to wake that reader; later ones see the terminal record.
 END_MARKER_TTL_MS = 10_000
 
 #: Entry id returned for the end marker of a job whose (output-less) stream has expired.
@@ -69,19 +69,28 @@ def fingerprint_of(job: NewJob) -> str:
 
 
 class Queue:
-    """The queue's async API over one redis.asyncio client (see module docstring)."""
+    """The queue's async API over one redis.asyncio client (see module docstring).
 
-    def __init__(self, redis: Redis, config: Config, end_marker_ttl_ms: int = END_MARKER_TTL_MS) -> None:
+    `end_marker_ttl_ms` and `events_maxlen` are tuning knobs with sensible defaults; everything
+    else comes from `config` (prefix, lease TTL, job TTLs, output cap, retry policy).
+    """
+
+    def __init__(
+        self, redis: Redis, config: Config, end_marker_ttl_ms: int = END_MARKER_TTL_MS,
+        events_maxlen: int = EVENTS_MAXLEN,
+    ) -> None:
         self.redis = redis
         self.config = config
         self.keys = Keys(config.redis_prefix)
-        self.scripts = QueueScripts(redis, self.keys)
-        self.terminal = TerminalArgs(
+        self.lease_ttl_ms = int(config.workers.lease_ttl_s * 1000)
+        self.scripts = QueueScripts(redis, self.keys, ScriptLimits(
             ttl_ms=int(config.jobs.ttl_s * 1000),
             end_ttl_ms=end_marker_ttl_ms,
             output_maxlen=config.jobs.output_stream_maxlen,
-        )
-        self.lease_ttl_ms = int(config.workers.lease_ttl_s * 1000)
+            lease_ttl_ms=self.lease_ttl_ms,
+            idempotency_ttl_ms=int(config.jobs.idempotency_ttl_s * 1000),
+            events_maxlen=events_maxlen,
+        ))
 
     # -- API side --------------------------------------------------------------------------------
     async def enqueue(
@@ -102,11 +111,12 @@ class Queue:
             return []
         idem = list(idempotency_keys or [None] * len(jobs))
         prints = list(fingerprints or [None] * len(jobs))
+        # A fingerprint only matters with an idempotency key; hashing is skipped otherwise.
         rows = [
-            (new_job_id(), job, idem[i], prints[i] or fingerprint_of(job)) for i, job in enumerate(jobs)
+            (new_job_id(), job, idem[i], prints[i] or (fingerprint_of(job) if idem[i] else ""))
+            for i, job in enumerate(jobs)
         ]
-        idem_ttl_ms = int(self.config.jobs.idempotency_ttl_s * 1000)
-        done = await self.scripts.enqueue(rows, now_ms(), idem_ttl_ms)
+        done = await self.scripts.enqueue(rows, now_ms())
         return [EnqueueResult(jid, created) for jid, created in done]
 
     async def get_job(self, job_id: str) -> JobRecord | None:
@@ -117,7 +127,7 @@ class Queue:
         """Queued: removed from its FIFO, cancelled. Running: flagged; its worker is told."""
         problem = {"type": PROBLEM_CANCELLED, "title": "Job cancelled", "status": 409,
                    "detail": "cancelled on request before it started"}
-        outcome = await self.scripts.cancel(job_id, now_ms(), self.terminal, problem)
+        outcome = await self.scripts.cancel(job_id, now_ms(), problem)
         if outcome == "missing":
             return None
         return await self.get_job(job_id)
@@ -125,17 +135,32 @@ class Queue:
     async def read_output(
         self, job_id: str, after: str = "0-0", block_ms: int = 0, count: int = 1000
     ) -> list[OutputEntry]:
-        """Output entries after `after` (`{"stream", "data"}`, finally `{"event": "end"}`)."""
+        """Output entries after `after` (`{"stream", "data"}`, finally `{"event": "end"}`).
+
+        With block_ms > 0, waits up to that long for the next entries (one connection while
+        blocked). An unknown job has no entries.
+        """
         key = self.keys.output(job_id)
         entries = await self.redis.xrange(key, min=f"({after}", count=count)
         if entries:
             return _entries(entries)
-        if not await self.redis.exists(key):
+        if await self.redis.exists(key):
+            return await self._block_on_output(key, after, block_ms, count)
+        job = await self.get_job(job_id)
+        if job is None:
+            return []
+        if not job.terminal and block_ms > 0:
+            # Ask for an end marker in case the job ends without output while we block (finish
+            # writes one only for watched jobs), then re-check: it may have ended meanwhile.
+            await self.redis.hset(self.keys.job(job_id), "ow", "1")  # type: ignore[misc]
             job = await self.get_job(job_id)
             if job is None:
                 return []
-            if job.terminal:
-                return [] if after == SYNTHETIC_END_ID else [(SYNTHETIC_END_ID, {"event": "end"})]
+        if job.terminal and not await self.redis.exists(key):
+            return [] if after == SYNTHETIC_END_ID else [(SYNTHETIC_END_ID, {"event": "end"})]
+        return await self._block_on_output(key, after, block_ms, count)
+
+    async def _block_on_output(self, key: str, after: str, block_ms: int, count: int) -> list[OutputEntry]:
         if block_ms <= 0:
             return []
         got = await self.redis.xread({key: after}, count=count, block=block_ms)
@@ -158,13 +183,18 @@ class Queue:
         """Jobs in the session's FIFO, the running one included."""
         return int(await self.redis.llen(self.keys.fifo(session_name(environment, session_id))))  # type: ignore[misc]
 
+    async def forget_session(self, environment: str, session_id: str) -> bool:
+        """Delete an idle session's hash and index entry (GC after destroy); False if busy."""
+        return await self.scripts.forget_session(environment, session_id)
+
     async def record_webhook_attempt(self, job_id: str, attempt: dict[str, Any]) -> int:
         """Append a delivery attempt to the job record; the count, or 0 when the job is gone."""
         return await self.scripts.record_webhook(job_id, attempt)
 
     # -- worker side -----------------------------------------------------------------------------
     async def ensure_group(self) -> None:
-        """Create the `ready` stream's consumer group (from the start of the stream) if missing."""
+        """Load the scripts; create the `ready` stream's group (from the stream's start) if missing."""
+        await self.scripts.load()
         try:
             await self.redis.xgroup_create(self.keys.ready, READY_GROUP, id="0", mkstream=True)
         except ResponseError as err:
@@ -188,7 +218,7 @@ class Queue:
 
     async def acquire(self, entry_id: str, session: str, worker_id: str) -> Acquired:
         """Consume a `ready` entry; on success the lease (new epoch) and the head job, running."""
-        return await self.scripts.acquire(entry_id, session, worker_id, self.lease_ttl_ms, now_ms())
+        return await self.scripts.acquire(entry_id, session, worker_id, now_ms())
 
     async def complete(
         self, lease: Lease, job_id: str, state: JobState, *, result: dict[str, Any] | None = None,
@@ -201,9 +231,7 @@ class Queue:
         field, value = ("res", result) if result is not None else ("err", error)
         encoded = json.dumps(value, separators=(",", ":")) if value is not None else ""
         field = field if value is not None else ""
-        return await self.scripts.complete(
-            lease, job_id, str(state), field, encoded, now_ms(), self.terminal, take_next, self.lease_ttl_ms
-        )
+        return await self.scripts.complete(lease, job_id, str(state), field, encoded, now_ms(), take_next)
 
     async def retry_later(
         self, lease: Lease, job_id: str, reason: str, attempts: int, delay_s: float | None = None
@@ -219,9 +247,8 @@ class Queue:
             delay_s *= 1 + random.random() * 0.1  # jitter: spread retries of a shared outage
         problem = {"type": PROBLEM_RETRIES_EXHAUSTED, "title": "Infrastructure retries exhausted",
                    "status": 503, "detail": reason}
-        return await self.scripts.retry(
-            lease, job_id, reason, now_ms(), int(delay_s * 1000), w.max_attempts, self.terminal, problem
-        )
+        delay_ms = int(delay_s * 1000)
+        return await self.scripts.retry(lease, job_id, reason, now_ms(), delay_ms, w.max_attempts, problem)
 
     async def release(self, lease: Lease) -> bool:
         """Fenced release (re-notifies when work remains); False when the lease was already lost."""
@@ -231,10 +258,10 @@ class Queue:
         """Renew many leases at once: per lease 0 lost, 1 renewed, 2 renewed + cancel requested."""
         if not leases:
             return []
-        return await self.scripts.renew(leases, self.lease_ttl_ms, now_ms())
+        return await self.scripts.renew(leases, now_ms())
 
     async def append_output(self, lease: Lease, job_id: str, stream: str, data: str) -> str:
-        return await self.scripts.append_output(lease, job_id, stream, data, self.terminal.output_maxlen)
+        return await self.scripts.append_output(lease, job_id, stream, data)
 
     async def take_secrets(self, lease: Lease, job_id: str) -> dict[str, str] | None:
         return await self.scripts.take_secrets(lease, job_id)

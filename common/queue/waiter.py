@@ -82,8 +82,10 @@ class JobWaiter:
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if msg is not None:
                         self._resolve(text(msg["data"]).partition(" ")[0])
-            except TRANSIENT as err:
+            except Exception as err:  # resubscribe whatever happened; the re-check covers the gap
                 self._subscribed.clear()
+                if not isinstance(err, TRANSIENT):
+                    log.exception("job waiter subscription failed")
                 log.info("waiter subscription lost (%s); resubscribing in %.2f s", err, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(BACKOFF_MAX_S, backoff * 2)

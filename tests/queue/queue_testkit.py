@@ -20,7 +20,9 @@ WORKER_PROGRAM = Path(__file__).with_name("queue_worker_proc.py")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-async def wait_for(cond: Callable[[], Awaitable[bool]], timeout_s: float, what: str, every_s: float = 0.02) -> None:
+async def wait_for(
+    cond: Callable[[], Awaitable[bool]], timeout_s: float, what: str, every_s: float = 0.02
+) -> None:
     """Poll `cond` until true; fail with `what` after timeout_s."""
     deadline = time.monotonic() + timeout_s
     while not await cond():
@@ -44,6 +46,9 @@ class WorkerProc:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
 
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
     def stop(self, timeout_s: float = 15.0) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -61,23 +66,36 @@ class WorkerFleet:
     prefix: str = "af:"
     concurrency: int = 16
     lease_ttl_s: float = 1.0
+    min_job_ms: float = 0.0
     max_job_ms: float = 2.0
     jobs_per_turn: int = 8
+    #: Worker ids are `<name><n>-<test pid>`: distinct names keep two fleets of a test apart.
+    name: str = "w"
     procs: list[WorkerProc] = field(default_factory=list)
     started: int = 0
 
     def start(self) -> WorkerProc:
         self.started += 1
-        worker_id = f"w{self.started}-{os.getpid()}"
+        worker_id = f"{self.name}{self.started}-{os.getpid()}"
         args = [sys.executable, str(WORKER_PROGRAM), "--redis-url", self.redis_url, "--prefix", self.prefix,
                 "--worker-id", worker_id, "--concurrency", str(self.concurrency),
                 "--lease-ttl-s", str(self.lease_ttl_s), "--max-job-ms", str(self.max_job_ms),
+                "--min-job-ms", str(self.min_job_ms),
                 "--jobs-per-turn", str(self.jobs_per_turn)]
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
         proc = subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL)
         wp = WorkerProc(proc, worker_id)
         self.procs.append(wp)
         return wp
+
+    async def wait_working(
+        self, redis: aioredis.Redis, workers: list[WorkerProc], timeout_s: float = 30
+    ) -> None:
+        """Until each worker has published its counters (it is connected and consuming)."""
+        async def up() -> bool:
+            return all([await redis.exists(f"t:stats:{w.worker_id}") for w in workers])
+
+        await wait_for(up, timeout_s, "worker processes to start")
 
     def stop_all(self) -> None:
         for wp in self.procs:

@@ -1,7 +1,7 @@
 """A test worker process: Consumer with a handler that logs start/end per session to Redis.
 
 Each execution appends `S|job|epoch|worker|ts` before and `E|job|epoch|worker|ts` after a random
-0..max_job_ms sleep to `t:log:<session>`, so tests can detect FIFO violations and overlaps. The
+min..max job ms sleep to `t:log:<session>`, so tests can detect FIFO violations and overlaps. The
 consumer's counters are mirrored to the hash `t:stats:<worker>`. SIGTERM stops it gracefully.
 """
 
@@ -29,6 +29,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--worker-id", required=True)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--lease-ttl-s", type=float, default=1.0)
+    p.add_argument("--min-job-ms", type=float, default=0.0)
     p.add_argument("--max-job-ms", type=float, default=2.0)
     p.add_argument("--jobs-per-turn", type=int, default=8)
     return p.parse_args()
@@ -45,7 +46,7 @@ async def main() -> None:
     async def handler(ctx: JobContext) -> dict[str, Any]:
         key = f"t:log:{ctx.lease.session}"
         await redis.rpush(key, f"S|{ctx.job.id}|{ctx.epoch}|{args.worker_id}|{time.time()}")
-        await asyncio.sleep(random.random() * args.max_job_ms / 1000)
+        await asyncio.sleep(random.uniform(args.min_job_ms, args.max_job_ms) / 1000)
         await redis.rpush(key, f"E|{ctx.job.id}|{ctx.epoch}|{args.worker_id}|{time.time()}")
         return {"worker": args.worker_id, "epoch": ctx.epoch}
 
@@ -53,7 +54,6 @@ async def main() -> None:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, lambda: asyncio.ensure_future(consumer.stop()))
     stats_task = asyncio.create_task(mirror_stats(redis, consumer, args.worker_id))
-    await redis.hset(f"t:stats:{args.worker_id}", "up", "1")
     await consumer.run()
     stats_task.cancel()
     await publish_stats(redis, consumer, args.worker_id)

@@ -11,7 +11,9 @@ from queue_testkit import job
 from common.queue import IdempotencyConflict, JobKind, JobState, NewJob, Queue
 
 
-async def test_enqueue_records_job_and_notifies_once_per_session(queue: Queue, redis_client: aioredis.Redis) -> None:
+async def test_enqueue_records_job_and_notifies_once_per_session(
+    queue: Queue, redis_client: aioredis.Redis
+) -> None:
     # given two jobs for one session and one for another
     a = await queue.enqueue(job("s1", 0))
     b = await queue.enqueue(job("s1", 1))
@@ -89,7 +91,8 @@ async def test_cancel_queued_job_removes_it(queue: Queue, redis_client: aioredis
 
 
 async def test_secrets_stay_out_of_the_record_and_events(queue: Queue, redis_client: aioredis.Redis) -> None:
-    res = await queue.enqueue(NewJob("env", "s1", JobKind.TOOL, {"tool": "bash"}, "p", secrets={"TOKEN": "hunter2"}))
+    secret_job = NewJob("env", "s1", JobKind.TOOL, {"tool": "bash"}, "p", secrets={"TOKEN": "hunter2"})
+    res = await queue.enqueue(secret_job)
     raw = await redis_client.hgetall(f"af:job:{res.job_id}")
     assert b"hunter2" not in b"".join(raw.values())
     assert all(b"hunter2" not in b"".join(f.values()) for _, f in await redis_client.xrange("af:events"))
@@ -126,3 +129,18 @@ async def test_read_output_of_job_without_output_ends(queue: Queue) -> None:
     out = await queue.read_output(res.job_id)
     assert out[-1][1] == {"event": "end"}
     assert await queue.read_output("missing") == []
+
+
+async def test_same_key_twice_in_one_batch_makes_one_job(queue: Queue) -> None:
+    a, b = await queue.enqueue_batch([job("s1", 0), job("s1", 0)], idempotency_keys=["k", "k"])
+    assert a.job_id == b.job_id and a.created and not b.created
+    assert await queue.queue_depth("env", "s1") == 1
+
+
+async def test_forget_session_only_when_idle(queue: Queue) -> None:
+    res = await queue.enqueue(job("s1", 0))
+    assert await queue.forget_session("env", "s1") is False
+    await queue.cancel(res.job_id)
+    assert await queue.forget_session("env", "s1") is True
+    assert await queue.get_session("env", "s1") is None
+    assert await queue.list_sessions("env") == ([], None)

@@ -44,7 +44,9 @@ async def repairs(queue: Queue) -> Any:
     await task
 
 
-async def test_jobs_run_in_fifo_order_and_results_are_stored(queue: Queue, start_consumer: StartConsumer) -> None:
+async def test_jobs_run_in_fifo_order_and_results_are_stored(
+    queue: Queue, start_consumer: StartConsumer
+) -> None:
     seen: list[tuple[str, int]] = []
 
     async def handler(ctx: JobContext) -> dict[str, Any]:
@@ -118,7 +120,9 @@ async def test_exhausted_retries_fail_into_dlq_and_session_moves_on(
     assert nxt is not None and nxt.state == JobState.SUCCEEDED
 
 
-async def test_job_failed_and_unexpected_errors(queue: Queue, start_consumer: StartConsumer, repairs: None) -> None:
+async def test_job_failed_and_unexpected_errors(
+    queue: Queue, start_consumer: StartConsumer, repairs: None
+) -> None:
     async def handler(ctx: JobContext) -> dict[str, Any]:
         if ctx.job.payload["i"] == 0:
             raise JobFailed({"type": "urn:test", "title": "bad request", "status": 400})
@@ -222,7 +226,9 @@ async def test_lost_lease_cancels_work_logs_and_job_resumes_elsewhere(
     assert rec.epoch > contexts[0].epoch and len(contexts) == 2
 
 
-async def test_graceful_stop_finishes_current_job_and_releases(queue: Queue, start_consumer: StartConsumer) -> None:
+async def test_graceful_stop_finishes_current_job_and_releases(
+    queue: Queue, start_consumer: StartConsumer
+) -> None:
     started = asyncio.Event()
 
     async def handler(ctx: JobContext) -> dict[str, Any]:
@@ -266,3 +272,48 @@ async def test_stop_past_grace_cancels_and_releases_so_the_job_resumes(
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_blocked_output_reader_wakes_when_a_job_ends_without_output(
+    queue: Queue, start_consumer: StartConsumer
+) -> None:
+    release = asyncio.Event()
+
+    async def handler(ctx: JobContext) -> dict[str, Any]:
+        await release.wait()
+        return {}
+
+    res = await queue.enqueue(job("s", 0))
+    start_consumer(handler)
+    reader = asyncio.create_task(queue.read_output(res.job_id, block_ms=10_000))
+    await asyncio.sleep(0.05)  # let the reader block (either order is correct; this is the hard one)
+    release.set()
+    out = await asyncio.wait_for(reader, 5)
+    assert out[-1][1] == {"event": "end"}
+
+
+async def test_cancel_request_missed_on_the_channel_reaches_the_handler_by_renewal(
+    queue: Queue, start_consumer: StartConsumer, redis_client: aioredis.Redis
+) -> None:
+    started = asyncio.Event()
+
+    async def handler(ctx: JobContext) -> dict[str, Any]:
+        started.set()
+        await asyncio.wait_for(ctx.cancelled.wait(), 5)
+        raise JobCancelled()
+
+    res = await queue.enqueue(job("s", 0))
+    start_consumer(handler)
+    await asyncio.wait_for(started.wait(), 5)
+    # the flag is set without a message on the cancel channel (as if the message was lost)
+    await redis_client.hset(f"af:job:{res.job_id}", "cx", "1")
+    await wait_for(lambda: all_terminal(queue, [res.job_id]), 5, "the job to be cancelled")
+    rec = await queue.get_job(res.job_id)
+    assert rec is not None and rec.state == JobState.CANCELLED
+
+
+async def test_scripts_flushed_from_redis_are_reloaded(queue: Queue, redis_client: aioredis.Redis) -> None:
+    await queue.enqueue(job("s", 0))
+    await redis_client.script_flush()
+    results = await asyncio.gather(*(queue.enqueue(job("s", i)) for i in range(1, 4)))
+    assert all(r.created for r in results) and await queue.queue_depth("env", "s") == 4

@@ -63,7 +63,9 @@ async def test_update_session_refuses_queue_fields(queue: Queue) -> None:
         await queue.update_session(lease, {"epoch": "99"})
 
 
-async def test_acquire_of_owned_or_empty_session_takes_nothing(queue: Queue, redis_client: aioredis.Redis) -> None:
+async def test_acquire_of_owned_or_empty_session_takes_nothing(
+    queue: Queue, redis_client: aioredis.Redis
+) -> None:
     await queue.ensure_group()
     await queue.enqueue(job("s", 0))
     lease, jid = await take(queue, "a")

@@ -10,7 +10,9 @@ from queue_testkit import job
 from common.queue import JobState, Queue
 
 
-async def test_expired_lease_gets_new_epoch_and_notification(queue: Queue, redis_client: aioredis.Redis) -> None:
+async def test_expired_lease_gets_new_epoch_and_notification(
+    queue: Queue, redis_client: aioredis.Redis
+) -> None:
     await queue.ensure_group()
     await queue.enqueue(job("s", 0))
     [(entry, session)] = await queue.read_ready("w", 10, 100)
@@ -45,7 +47,9 @@ async def test_due_delayed_session_is_notified(queue: Queue, redis_client: aiore
     assert again.job is not None and again.job.id == res.job_id
 
 
-async def test_stale_ready_entry_of_dead_reader_is_replaced(queue: Queue, redis_client: aioredis.Redis) -> None:
+async def test_stale_ready_entry_of_dead_reader_is_replaced(
+    queue: Queue, redis_client: aioredis.Redis
+) -> None:
     await queue.ensure_group()
     await queue.enqueue(job("s", 0))
     # a worker reads the entry and dies before acquiring
@@ -74,4 +78,5 @@ async def test_orphaned_work_is_notified_once(queue: Queue, redis_client: aiored
 
 
 async def test_repair_runs_all_passes(queue: Queue) -> None:
-    assert await queue.repair() == {"expired_leases": 0, "due_delayed": 0, "stale_ready": 0, "orphaned_work": 0}
+    counts = await queue.repair()
+    assert counts == {"expired_leases": 0, "due_delayed": 0, "stale_ready": 0, "orphaned_work": 0}

@@ -27,7 +27,9 @@ CONCURRENCY = 16
 
 
 @pytest.mark.slow
-async def test_stress_fifo_no_overlap_exactly_once(queue: Queue, redis_client: aioredis.Redis, redis_url: str) -> None:
+async def test_stress_fifo_no_overlap_exactly_once(
+    queue: Queue, redis_client: aioredis.Redis, redis_url: str
+) -> None:
     fleet = WorkerFleet(redis_url, concurrency=CONCURRENCY, lease_ttl_s=2.0, max_job_ms=2.0)
     try:
         # given 10,000 jobs already queued, then 4 worker processes

@@ -52,7 +52,9 @@ async def test_already_finished_missing_and_timeout(queue: Queue) -> None:
         await waiter.close()
 
 
-async def test_notification_missed_while_reconnecting_is_caught(queue: Queue, redis_client: aioredis.Redis) -> None:
+async def test_notification_missed_while_reconnecting_is_caught(
+    queue: Queue, redis_client: aioredis.Redis
+) -> None:
     res = await queue.enqueue(job("s", 0))
     waiter = JobWaiter(queue)
     try:

@@ -58,7 +58,8 @@ def store(redis_client: aioredis.Redis, queue: Queue) -> ReconcilerStore:
     return ReconcilerStore(redis_client, queue.keys)
 
 
-async def wait_for(cond: Callable[[], Awaitable[bool]], timeout_s: float, what: str, every_s: float = 0.05) -> float:
+async def wait_for(cond: Callable[[], Awaitable[bool]], timeout_s: float, what: str,
+                   every_s: float = 0.05) -> float:
     """Poll `cond` until true; the seconds it took. Fails with `what` after timeout_s."""
     started = time.monotonic()
     while not await cond():
@@ -129,7 +130,8 @@ class Fleet:
     def start_reconciler(self, instance_id: str = "r1") -> Running:
         from reconciler.main import serve_reconciler
 
-        return self._start(instance_id, lambda stop: serve_reconciler(self.config, stop, instance_id=instance_id))
+        return self._start(instance_id,
+                           lambda stop: serve_reconciler(self.config, stop, instance_id=instance_id))
 
     async def enqueue(self, sid: str, kind: JobKind, payload: dict[str, Any] | None = None) -> str:
         return (await self.queue.enqueue(NewJob(ENV, sid, kind, payload or {}, "tester"))).job_id
@@ -151,8 +153,8 @@ class Fleet:
 
     async def bash(self, sid: str, command: str, auto_resume: bool = False, **arguments: Any) -> str:
         """Enqueue a bash call (the API's job payload); its job id."""
-        call = ToolCall(call_id=uuid.uuid4().hex[:8], name="bash", arguments={"command": command, **arguments},
-                        format="seed", auto_resume=auto_resume)
+        call = ToolCall(call_id=uuid.uuid4().hex[:8], name="bash", format="seed", auto_resume=auto_resume,
+                        arguments={"command": command, **arguments})
         return await self.enqueue(sid, JobKind.TOOL, call.job_payload())
 
     async def session(self, sid: str) -> dict[str, str]:
@@ -184,7 +186,8 @@ class Fleet:
 
 
 @pytest.fixture
-async def make_fleet(redis_url: str, redis_client: aioredis.Redis) -> AsyncIterator[Callable[..., Awaitable[Fleet]]]:
+async def make_fleet(redis_url: str,
+                     redis_client: aioredis.Redis) -> AsyncIterator[Callable[..., Awaitable[Fleet]]]:
     """Factory: `await make_fleet(reconciler={...})` → a started local Substrate + queue (no services)."""
     fleets: list[Fleet] = []
     dirs: list[Path] = []
@@ -192,8 +195,8 @@ async def make_fleet(redis_url: str, redis_client: aioredis.Redis) -> AsyncItera
     async def make(**sections: Any) -> Fleet:
         state_dir = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
         dirs.append(state_dir)
-        config = reconciler_config(redis_url, state_dir, local_substrate={"slots": 6, "stop_grace_s": 1},
-                                   **sections)
+        local = {"slots": 6, "stop_grace_s": 1, **sections.pop("local_substrate", {})}
+        config = reconciler_config(redis_url, state_dir, local_substrate=local, **sections)
         server = LocalSubstrate(config, "127.0.0.1:0")
         await server.start()
         client = make_substrate_client(config, server.address)

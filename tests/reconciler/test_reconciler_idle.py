@@ -51,33 +51,39 @@ async def test_busy_sessions_are_not_suspended(make_fleet: Any) -> None:
     # a background process: the worker declines the idle job; the session keeps running
     await wait_for(lambda: _declined(fleet, "background"), 5, "the idle job to be declined")
     assert await fleet.state_is("background", "running")
-    # a queued call (no worker to take it): no idle job joins it
+    # a queued call (no worker takes it): no idle job joins it, however long it waits
     await worker.halt()
+    spare = fleet.start_worker("w2")
+    await fleet.run("queued", JobKind.RESUME)
+    await spare.halt()
     queued = await fleet.bash("queued", "echo later")
     started = time.monotonic()
-    await wait_for(lambda: _after(started, 1.0 + 3 * fleet.config.reconciler.period_s), 5, "a few idle passes")
+    quiet_s = 1.0 + 3 * fleet.config.reconciler.period_s
+    await wait_for(lambda: _after(started, quiet_s), 5, "a few idle passes")
     assert await fleet.queue.queue_depth(ENV, "queued") == 1
-    fleet.start_worker("w2")
+    fleet.start_worker("w3")
     job = await fleet.wait_job(queued, 10)
     assert job.state == "succeeded" and "later" in str(job.result)
 
 
 async def test_a_call_racing_the_idle_suspend_runs_on_a_resumed_actor(make_fleet: Any) -> None:
-    fleet: Fleet = await make_fleet()
-    worker = fleet.start_worker()
+    # Suspends take 1 s here, so the call surely arrives while the idle suspend is under way.
+    fleet: Fleet = await make_fleet(local_substrate={"faults": {"latency_ms": {"SuspendActor": 1000}}})
+    fleet.start_worker()
     await fleet.run("race", JobKind.RESUME)
     await fleet.run("race", JobKind.TOOL, _bash("echo kept > notes.txt"))
-    # given the idle job already in the FIFO (no worker takes it yet) and a call right behind it
-    await worker.halt()
     fleet.start_reconciler()
-    await wait_for(lambda: _idle_job_queued(fleet, "race"), 5, "the idle job")
+    idle_job = await _wait_idle_job_running(fleet, "race")
     call = await fleet.bash("race", "cat notes.txt; echo more >> notes.txt; cat notes.txt", auto_resume=True)
-    fleet.start_worker("w2")
-    # then the idle job suspends, the call resumes the actor and finds every file
+    # then the idle suspend completes, and the call resumes the actor and finds every file
+    idle = await fleet.wait_job(idle_job, 10)
+    assert idle.result is not None and idle.result.get("idle_suspended") is True, idle.result
     job = await fleet.wait_job(call, 20)
     assert job.state == "succeeded"
     output = str(job.result)
     assert output.count("kept") == 2 and "more" in output
+    # it started only once the idle suspend had finished: it ran on a resumed actor
+    assert (job.started_at or 0) >= (idle.finished_at or 0)
 
 
 def _bash(command: str, **arguments: Any) -> dict[str, Any]:
@@ -102,7 +108,15 @@ async def _declined(fleet: Fleet, sid: str) -> bool:
     return False
 
 
-async def _idle_job_queued(fleet: Fleet, sid: str) -> bool:
-    ids = await fleet.queue.redis.lrange(fleet.queue.keys.fifo(f"{ENV}/{sid}"), 0, -1)
-    jobs = [await fleet.queue.get_job(i.decode()) for i in ids]
-    return any(j is not None and j.kind == "suspend_if_idle" for j in jobs)
+async def _wait_idle_job_running(fleet: Fleet, sid: str) -> str:
+    found: list[str] = []
+
+    async def running() -> bool:
+        ids = await fleet.queue.redis.lrange(fleet.queue.keys.fifo(f"{ENV}/{sid}"), 0, 0)
+        job = await fleet.queue.get_job(ids[0].decode()) if ids else None
+        if job is not None and job.kind == "suspend_if_idle" and job.state == "running":
+            found.append(job.id)
+        return bool(found)
+
+    await wait_for(running, 10, "the idle job to start", every_s=0.01)
+    return found[0]

@@ -6,8 +6,8 @@ import time
 
 import redis.asyncio as aioredis
 
-from common.config import Config
 from common.actor_names import actor_name
+from common.config import Config
 from common.queue import JobKind, NewJob, Queue
 from common.substrate import Actor, ActorStatus
 from reconciler.drift import Drift, is_ours, naming_prefix, orphan_drift, session_drift
@@ -53,6 +53,7 @@ async def test_idle_pass_asks_again_after_new_activity(config: Config, queue: Qu
     await set_session(queue, "bg", state="running", last_activity=str(time.time() - 5))
     idle = IdlePass(config, queue, store)
     await idle.run(PassReport("idle"))
+    await idle.run(PassReport("idle"))  # while the job is queued
     # the worker declined (a background process runs): the job is gone, the stamp unchanged
     await redis_client.delete(queue.keys.fifo(f"{ENV}/bg"))
     report = PassReport("idle")
@@ -100,3 +101,42 @@ def test_our_naming() -> None:
     assert is_ours(actor_name(ENV, "x" * 80), prefixes)
     assert not is_ours(actor_name("other-env", "abc"), prefixes)
     assert not is_ours("foreign-actor", prefixes)
+
+
+async def test_gc_pass_cleans_what_ttls_cannot(config: Config, queue: Queue, store: ReconcilerStore,
+                                               redis_client: aioredis.Redis) -> None:
+    from reconciler.gc import GcPass
+
+    k = queue.keys
+    # given an old event, a stale index member, a finished job without TTL, stray secrets
+    await redis_client.xadd(k.events, {"job": "old", "state": "succeeded"}, id="1000-0")
+    await set_session(queue, "real", state="suspended")
+    await redis_client.zadd(k.session_index(ENV), {"ghost": 0})
+    await redis_client.hset(k.job("lost-ttl"), mapping={"st": "failed", "s": f"{ENV}/real"})
+    await redis_client.set(k.secrets("never-ran"), "{}")
+    report = PassReport("gc")
+    await GcPass(config, queue, store).run(report)
+    assert report.repairs["stale_index_entries"] == 1
+    assert report.repairs["job_ttl_set"] >= 1 and report.repairs["secrets_deleted"] == 1
+    assert await redis_client.pttl(k.job("lost-ttl")) > 0
+    assert not await redis_client.xrange(k.events, "1000-0", "1000-0")
+    assert [r.session_id for p in [p async for p in store.sessions(ENV)] for r in p] == ["real"]
+
+
+async def test_each_pass_is_measured(config: Config, queue: Queue, store: ReconcilerStore) -> None:
+    from prometheus_client import REGISTRY
+
+    from reconciler.report import measured
+
+    def count(name: str, labels: dict[str, str]) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    await set_session(queue, "idle", state="running", last_activity=str(time.time() - 5))
+    passes_before = count("atefleet_reconciler_pass_seconds_count", {"pass_name": "idle"})
+    repairs_before = count("atefleet_reconciler_repairs_total", {"kind": "idle_suspend_requested"})
+    report = await measured("idle", IdlePass(config, queue, store).run)
+    assert report.examined == 1 and report.duration_s > 0
+    assert count("atefleet_reconciler_pass_seconds_count", {"pass_name": "idle"}) == passes_before + 1
+    repairs = count("atefleet_reconciler_repairs_total", {"kind": "idle_suspend_requested"})
+    assert repairs == repairs_before + 1
+    assert count("atefleet_sessions", {"state": "running"}) == 1

@@ -66,7 +66,8 @@ async def test_gc_keys_gives_ttls_and_drops_stray_secrets(queue: Queue, store: R
     await redis_client.set(k.idempotency("p", "key"), "j f")
     batch = [("j", k.job("done"), k.job("done")), ("j", k.job("live"), k.job("live")),
              ("s", k.secrets("gone"), k.job("gone")), ("s", k.secrets("live"), k.job("live")),
-             ("o", k.output("done"), k.job("done")), ("i", k.idempotency("p", "key"), k.idempotency("p", "key"))]
+             ("o", k.output("done"), k.job("done")),
+             ("i", k.idempotency("p", "key"), k.idempotency("p", "key"))]
     fixes = await store.gc_keys(batch, 60_000, 60_000)
     assert (fixes.job_ttls, fixes.output_ttls, fixes.secrets_deleted, fixes.idempotency_ttls) == (1, 1, 1, 1)
     assert await redis_client.pttl(k.job("live")) == -1 and await redis_client.exists(k.secrets("live"))

@@ -4,6 +4,7 @@ sessions, capacity is shared fairly, and a restart of the server loses nothing."
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from common.substrate import ActorStatus, NoFreeWorkers
+from common.substrate import ActorStatus, NoFreeWorkers, SubstrateClient
+from local_substrate.slots import uid_block
 from tests.substrate.conftest import ATESPACE, Harness, Start, start_harness, substrate_config
 
 GOLDEN_TEMPLATE = {
@@ -162,11 +164,10 @@ async def test_a_crashed_server_brings_running_actors_back_at_their_last_snapsho
         async with asyncio.timeout(30):
             while not status.exists():
                 await asyncio.sleep(0.02)
-        import json
-
-        address = json.loads(status.read_text())["address"]
-        from common.substrate import SubstrateClient
-
+        reported = json.loads(status.read_text())
+        assert reported["sandbox"] in ("bwrap", "unshare") and reported["slots"] == 1
+        assert reported["pid"] == proc.pid
+        address = reported["address"]
         async with SubstrateClient(address) as client:
             h = Harness(config, None, client)  # type: ignore[arg-type]
             await h.actor("k1")
@@ -179,6 +180,10 @@ async def test_a_crashed_server_brings_running_actors_back_at_their_last_snapsho
                 await g.aclose()
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
+        # the guests die with the server (no sandbox outlives it)
+        async with asyncio.timeout(10):
+            while _processes_of(uid_block(state_dir.resolve() / "local-substrate") + 1):
+                await asyncio.sleep(0.02)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -191,3 +196,26 @@ async def test_a_crashed_server_brings_running_actors_back_at_their_last_snapsho
         assert (await h.bash(actor, "cat f.txt"))["stdout"] == "saved\n"
     finally:
         await h.close()
+
+
+def _processes_of(uid: int) -> list[str]:
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            if f"\nUid:\t{uid}\t" in status.read_text():
+                found.append(status.parent.name)
+        except OSError:
+            pass
+    return found
+
+
+async def test_one_server_per_state_dir(state_dir: Path) -> None:
+    config = substrate_config(state_dir, slots=1)
+    h = await start_harness(config)
+    try:
+        with pytest.raises(RuntimeError, match="another local substrate"):
+            await start_harness(config)
+    finally:
+        await h.close()
+    # the lock goes with the server
+    await (await start_harness(config)).close()

@@ -4,6 +4,7 @@ local_substrate over real gRPC."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -17,8 +18,10 @@ from common.substrate import (
     NotSuspended,
     SubstrateBusy,
     SubstrateClient,
+    SubstrateUnavailable,
     TemplateMismatch,
 )
+from local_substrate.store import VersionConflict
 from tests.substrate.conftest import ATESPACE, TEMPLATE, Start
 
 
@@ -161,26 +164,29 @@ async def test_unavailable_is_retried_with_jitter(start_substrate: Start) -> Non
         await h.client.get_atespace(ATESPACE)
 
 
-async def test_a_failed_suspend_is_retried_by_suspending_again(
-    start_substrate: Start, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("way_out", ["suspend", "resume"])
+async def test_a_failed_suspend_is_finished_by_the_next_suspend_or_resume(
+    start_substrate: Start, monkeypatch: pytest.MonkeyPatch, way_out: str
 ) -> None:
     h = await start_substrate(slots=1)
-    actor = await h.actor("a1")
+    await h.actor("a1")
     actor = await h.client.resume_actor(ATESPACE, "a1")
     await h.bash(actor, "echo kept > kept.txt")
     control = h.server.control
     assert control is not None
-    real_write = control.snapshots.write
 
     def broken(*args: object) -> None:
         raise OSError("disk full")
 
+    # given a suspend that fails midway (the snapshot write), the actor stays SUSPENDING
     monkeypatch.setattr(control.snapshots, "write", broken)
     with pytest.raises(Exception, match="disk full"):
         await h.client.suspend_actor(ATESPACE, "a1")
     assert (await h.client.get_actor(ATESPACE, "a1")).status is ActorStatus.SUSPENDING
-    monkeypatch.setattr(control.snapshots, "write", real_write)
-    assert (await h.client.suspend_actor(ATESPACE, "a1")).status is ActorStatus.SUSPENDED
+    monkeypatch.undo()
+    # when suspended (the checkpoint is retried) or resumed (it is finished first), no file is lost
+    if way_out == "suspend":
+        assert (await h.client.suspend_actor(ATESPACE, "a1")).status is ActorStatus.SUSPENDED
     actor = await h.client.resume_actor(ATESPACE, "a1")
     assert (await h.bash(actor, "cat kept.txt"))["stdout"] == "kept\n"
 
@@ -249,3 +255,42 @@ async def _until_status(
     async with asyncio.timeout(timeout_s):
         while (await client.get_actor(ATESPACE, name)).status is not status:
             await asyncio.sleep(0.01)
+
+
+async def test_pause_keeps_files_and_a_paused_actor_is_not_deletable(start_substrate: Start) -> None:
+    h = await start_substrate(slots=1)
+    await h.actor("p1")
+    actor = await h.client.resume_actor(ATESPACE, "p1")
+    await h.bash(actor, "echo paused > p.txt")
+    assert (await h.client.pause_actor(ATESPACE, "p1")).status is ActorStatus.PAUSED
+    with pytest.raises(NotSuspended):
+        await h.client.delete_actor(ATESPACE, "p1")
+    actor = await h.client.resume_actor(ATESPACE, "p1")
+    assert (await h.bash(actor, "cat p.txt"))["stdout"] == "paused\n"
+
+
+async def test_a_version_conflict_is_aborted(start_substrate: Start, monkeypatch: pytest.MonkeyPatch) -> None:
+    h = await start_substrate(slots=1)
+    await h.actor("v1")
+    control = h.server.control
+    assert control is not None
+
+    def conflict(record: object) -> None:
+        raise VersionConflict("v1")
+
+    monkeypatch.setattr(control.store, "update", conflict)
+    async with SubstrateClient(h.server.address, retry_attempts=1) as client:
+        with pytest.raises(SubstrateBusy, match="concurrent update conflict"):
+            await client.update_actor(ATESPACE, "v1", {"pool": "a"})
+
+
+async def test_injected_latency_and_errors(start_substrate: Start) -> None:
+    h = await start_substrate(
+        slots=1, faults={"latency_ms": {"ListAtespaces": 80}, "error_rate": {"GetAtespace": 1.0}}
+    )
+    started = time.monotonic()
+    await h.client.list_atespaces()
+    assert time.monotonic() - started >= 0.08
+    async with SubstrateClient(h.server.address, retry_attempts=2) as client:
+        with pytest.raises(SubstrateUnavailable, match="injected fault"):
+            await client.get_atespace(ATESPACE)

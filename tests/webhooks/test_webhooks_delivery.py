@@ -217,3 +217,43 @@ async def test_role_entry_point_delivers_until_stopped(
     stop.set()
     await asyncio.wait_for(role, 10)
     assert receiver.requests[0].headers["webhook-id"] == job_id
+
+
+async def test_a_delivery_cut_short_by_a_stop_is_made_again_after_restart(
+    fleet: Fleet, receiver: Receiver, start_deliverer: DelivererFactory
+) -> None:
+    # Given a receiver that does not answer the first POST
+    receiver.answers = ["hang"]
+    deliverer = await start_deliverer()
+    job_id = await fleet.submit(receiver.url)
+    await fleet.finish(job_id)
+    await receiver.got(1)
+    # When the deliverer stops while that POST is in flight (grace over), and starts again
+    await deliverer.stop(grace_s=0.1)
+    assert (await fleet.job(job_id)).webhook_attempts == []
+    await start_deliverer()
+    # Then the callback is posted again with the same id, and that attempt is the one recorded
+    await receiver.got(2)
+    (attempt,) = await fleet.attempts(job_id, 1)
+    assert attempt["status"] == 204
+    assert receiver.requests[0].headers["webhook-id"] == receiver.requests[1].headers["webhook-id"] == job_id
+
+
+async def test_an_event_read_but_not_acknowledged_before_a_crash_is_delivered(
+    fleet: Fleet, receiver: Receiver, start_deliverer: DelivererFactory
+) -> None:
+    # Given the feeder's consumer read the terminal event and died before acknowledging it
+    deliverer = await start_deliverer()
+    await deliverer.stop()
+    job_id = await fleet.submit(receiver.url)
+    await fleet.finish(job_id)
+    events = fleet.queue.keys.events
+    read = await fleet.redis.xreadgroup("webhooks", "test-deliverer", {events: ">"}, count=100)
+    assert read and read[0][1]
+    # When the deliverer starts again under the same consumer name
+    await start_deliverer()
+    # Then its pending entries are handled first: the callback is delivered once
+    await receiver.got(1)
+    await fleet.delivery_done(job_id)
+    assert len(receiver.requests) == 1
+    assert (await fleet.redis.xpending(events, "webhooks"))["pending"] == 0

@@ -7,9 +7,17 @@ from email.utils import formatdate
 
 import pytest
 
+from common.config import WebhookConfig
 from common.job_json import job_to_json, rfc3339
 from common.queue import JobKind, JobRecord, JobState
-from workers.webhook_sender import AttemptOutcome, next_delay_s, parse_retry_after, webhook_body
+from workers.webhook_sender import (
+    AttemptOutcome,
+    WebhookSender,
+    next_delay_s,
+    parse_retry_after,
+    webhook_body,
+)
+from workers.webhook_target import make_client
 from workers.webhooks import delivery_finished
 
 SCHEDULE = (0.0, 5.0, 300.0, 1800.0)
@@ -91,3 +99,12 @@ def test_delivery_is_finished_when_the_last_attempt_planned_none() -> None:
     assert not delivery_finished(job())
     assert not delivery_finished(job(webhook_attempts=[{"next_attempt_at": "2023-11-14T22:13:26.500Z"}]))
     assert delivery_finished(job(webhook_attempts=[{"status": 200, "next_attempt_at": None}]))
+
+
+async def test_a_malformed_signing_secret_ends_delivery_without_sending() -> None:
+    config = WebhookConfig(secrets={"bad": "whsec_not base64!"})
+    async with make_client(config) as client:
+        # The URL is never reached: signing fails before any connection
+        outcome = await WebhookSender(config, client).post(job(callback_secret_id="bad"), "http://192.0.2.1/")
+    assert outcome.final and outcome.status is None
+    assert outcome.error == "signing secret is not whsec_ + base64"

@@ -39,7 +39,10 @@ class Received:
 
 @dataclass
 class Receiver:
-    """A loopback HTTP/1.1 server answering each POST with the next scripted status line."""
+    """A loopback HTTP/1.1 server answering each POST with the next scripted status line.
+
+    An answer is "STATUS LINE" or "STATUS LINE\nheader: value"; "hang" never answers.
+    """
 
     answers: list[str] = field(default_factory=list)
     requests: list[Received] = field(default_factory=list)
@@ -59,9 +62,14 @@ class Receiver:
             body = await reader.readexactly(int(headers.get("content-length", "0")))
             self.requests.append(Received(headers, body, time.time()))
             answer = self.answers.pop(0) if self.answers else "204 No Content"
+            if answer == "hang":
+                await reader.read()  # never answer; wait until the client gives up and hangs up
+                return
             status, _, extra = answer.partition("\n")
             extra_lines = f"{extra}\r\n" if extra else ""
-            writer.write(f"HTTP/1.1 {status}\r\ncontent-length: 0\r\n{extra_lines}\r\n".encode())
+            # One request per connection, said so: the client must not reuse it.
+            head_out = f"HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n{extra_lines}\r\n"
+            writer.write(head_out.encode())
             await writer.drain()
         finally:
             writer.close()

@@ -1,29 +1,27 @@
 -- enqueue.lua: record N jobs atomically, each appended to its session's FIFO.
 --
--- KEYS[1] ready   KEYS[2] events   KEYS[3] work   KEYS[4] delayed
--- then 5 keys per job i (base = 4 + 5*(i-1)):
---   +1 job:{jid}   +2 sq:{sess}   +3 sess:{sess}   +4 idem key (or the job key when none)
---   +5 sessions:{env}
--- ARGV[1] now_ms   ARGV[2] idempotency ttl ms   ARGV[3] N
--- then 11 values per job i (base = 3 + 11*(i-1)):
---   +1 jid  +2 session "env/sid"  +3 sid  +4 kind  +5 payload json  +6 principal
---   +7 callback_url or ""  +8 callback_secret_id or ""  +9 has idem "1"/""  +10 fingerprint
---   +11 secrets json or ""
+-- ARGV[1] now_ms   ARGV[2] N
+-- then 11 values per job i (base = 2 + 11*(i-1)):
+--   +1 jid  +2 session "env/sid"  +3 environment  +4 sid  +5 kind  +6 payload json  +7 principal
+--   +8 callback_url or ""  +9 callback_secret_id or ""  +10 idempotency key or ""
+--   +11 fingerprint
+-- then N values, one per job: its secrets json or "" (ARGV[2 + 11*N + i]).
 -- Returns {'ok', jid1, created1, jid2, created2, ...}  (created = 1 new, 0 idempotent replay)
 --      or {'conflict', i, existing_jid}  (nothing written)
--- Also touches: sec:{jid} (when secrets given).
--- Notifies `ready` for a session with no lease, no outstanding notification and no backoff.
+-- Touches: job:{jid}, sec:{jid}, sq:{sess}, sess:{sess}, idem:{principal}:{key}, sessions:{env},
+-- work, events, and ready (a session with no lease, no outstanding notification, no backoff).
 
-local n = tonumber(ARGV[3])
+local n = tonumber(ARGV[2])
 local now = ARGV[1]
+local sec_base = 2 + 11 * n
 
 -- Phase 1: resolve idempotency keys before writing anything, so a conflict aborts the batch.
 local replay = {}
 local seen = {}
 for i = 1, n do
-  local kb, ab = 4 + 5 * (i - 1), 3 + 11 * (i - 1)
-  if ARGV[ab + 9] == '1' then
-    local ik = KEYS[kb + 4]
+  local b = 2 + 11 * (i - 1)
+  if ARGV[b + 10] ~= '' then
+    local ik = idem_key(ARGV[b + 7], ARGV[b + 10])
     local prior = seen[ik]
     if not prior then
       local v = redis.call('GET', ik)
@@ -33,10 +31,10 @@ for i = 1, n do
       end
     end
     if prior then
-      if prior[2] ~= ARGV[ab + 10] then return {'conflict', i, prior[1]} end
+      if prior[2] ~= ARGV[b + 11] then return {'conflict', i, prior[1]} end
       replay[i] = prior[1]
     else
-      seen[ik] = {ARGV[ab + 1], ARGV[ab + 10]}
+      seen[ik] = {ARGV[b + 1], ARGV[b + 11]}
     end
   end
 end
@@ -44,27 +42,27 @@ end
 -- Phase 2: write the new jobs in list order (per-session order = list order).
 local out = {'ok'}
 for i = 1, n do
-  local kb, ab = 4 + 5 * (i - 1), 3 + 11 * (i - 1)
+  local b = 2 + 11 * (i - 1)
   if replay[i] then
     table.insert(out, replay[i]); table.insert(out, 0)
   else
-    local jid, session = ARGV[ab + 1], ARGV[ab + 2]
-    local jk, fifo, sk = KEYS[kb + 1], KEYS[kb + 2], KEYS[kb + 3]
-    redis.call('HSET', jk, 's', session, 'k', ARGV[ab + 4], 'st', 'queued', 'pl', ARGV[ab + 5],
-      'pr', ARGV[ab + 6], 'ct', now)
-    if ARGV[ab + 7] ~= '' then redis.call('HSET', jk, 'cb', ARGV[ab + 7]) end
-    if ARGV[ab + 8] ~= '' then redis.call('HSET', jk, 'cbs', ARGV[ab + 8]) end
-    if ARGV[ab + 11] ~= '' then redis.call('SET', sec_key(jid), ARGV[ab + 11]) end
-    if ARGV[ab + 9] == '1' then
-      redis.call('SET', KEYS[kb + 4], jid .. ' ' .. ARGV[ab + 10], 'PX', ARGV[2])
+    local jid, session = ARGV[b + 1], ARGV[b + 2]
+    local jk = job_key(jid)
+    redis.call('HSET', jk, 's', session, 'k', ARGV[b + 5], 'st', 'queued', 'pl', ARGV[b + 6],
+      'pr', ARGV[b + 7], 'ct', now)
+    if ARGV[b + 8] ~= '' then redis.call('HSET', jk, 'cb', ARGV[b + 8]) end
+    if ARGV[b + 9] ~= '' then redis.call('HSET', jk, 'cbs', ARGV[b + 9]) end
+    if ARGV[sec_base + i] ~= '' then redis.call('SET', sec_key(jid), ARGV[sec_base + i]) end
+    if ARGV[b + 10] ~= '' then
+      redis.call('SET', idem_key(ARGV[b + 7], ARGV[b + 10]), jid .. ' ' .. ARGV[b + 11], 'PX', IDEM_TTL_MS)
     end
-    redis.call('RPUSH', fifo, jid)
-    if redis.call('HSETNX', sk, 'state', 'new') == 1 then
-      redis.call('ZADD', KEYS[kb + 5], 'NX', 0, ARGV[ab + 3])
+    redis.call('RPUSH', fifo_key(session), jid)
+    if redis.call('HSETNX', sess_key(session), 'state', 'new') == 1 then
+      redis.call('ZADD', index_key(ARGV[b + 3]), 'NX', 0, ARGV[b + 4])
     end
-    redis.call('ZADD', KEYS[3], 'NX', now, session)
-    emit(KEYS[2], jid, session, 'queued', now, ARGV[ab + 7] ~= '')
-    if redis.call('EXISTS', lease_key(session)) == 0 then notify(session, KEYS[1], KEYS[4]) end
+    redis.call('ZADD', K_WORK, 'NX', now, session)
+    emit(jid, session, 'queued', now, ARGV[b + 8] ~= '')
+    if redis.call('EXISTS', lease_key(session)) == 0 then notify(session) end
     table.insert(out, jid); table.insert(out, 1)
   end
 end

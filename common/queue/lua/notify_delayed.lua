@@ -1,16 +1,15 @@
 -- notify_delayed.lua: sessions whose retry backoff is over are notified again.
 --
--- KEYS[1] delayed   KEYS[2] ready
 -- ARGV[1] now_ms   ARGV[2] max sessions
 -- Returns the number of sessions notified.
--- Also touches, per session: lease:{s} (read), sq:{s} (read), sess:{s} (nid).
+-- Touches: delayed; per session: lease:{s} (read), sq:{s} (read), sess:{s} (nid), ready.
 
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
 local n = 0
 for _, session in ipairs(due) do
-  redis.call('ZREM', KEYS[1], session)
+  redis.call('ZREM', K_DELAYED, session)
   if redis.call('EXISTS', lease_key(session)) == 0 and redis.call('LLEN', fifo_key(session)) > 0 then
-    n = n + notify(session, KEYS[2], KEYS[1])
+    n = n + notify(session)
   end
 end
 return n

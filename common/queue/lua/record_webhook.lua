@@ -1,13 +1,14 @@
 -- record_webhook.lua: append one webhook delivery attempt to the job's `wh` JSON list.
 --
--- KEYS[1] job:{jid}
--- ARGV[1] attempt JSON object
+-- ARGV[1] jid   ARGV[2] attempt JSON object
 -- Returns the number of recorded attempts, or 0 when the job record is gone.
+-- Touches: job:{jid}.
 
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-local raw = redis.call('HGET', KEYS[1], 'wh')
+local jk = job_key(ARGV[1])
+if redis.call('EXISTS', jk) == 0 then return 0 end
+local raw = redis.call('HGET', jk, 'wh')
 local list = {}
 if raw then list = cjson.decode(raw) end
-table.insert(list, cjson.decode(ARGV[1]))
-redis.call('HSET', KEYS[1], 'wh', cjson.encode(list))
+table.insert(list, cjson.decode(ARGV[2]))
+redis.call('HSET', jk, 'wh', cjson.encode(list))
 return #list

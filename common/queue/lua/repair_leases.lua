@@ -1,24 +1,24 @@
 -- repair_leases.lua: sessions whose lease expired (owner crashed or stalled) get a new epoch and,
 -- when work remains, a notification; their running head job is resumed by the next owner.
 --
--- KEYS[1] active   KEYS[2] ready   KEYS[3] delayed
 -- ARGV[1] now_ms   ARGV[2] max sessions to look at
 -- Returns the number of sessions repaired.
--- Also touches, per session found: lease:{s} (read), sess:{s} (epoch, nid), sq:{s} (read).
+-- Touches: active; per session found: lease:{s} (read), sess:{s} (epoch, nid), sq:{s} (read),
+-- delayed (read), ready.
 
 local now = tonumber(ARGV[1])
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
+local due = redis.call('ZRANGEBYSCORE', K_ACTIVE, '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
 local repaired = 0
 for _, session in ipairs(due) do
   local pttl = redis.call('PTTL', lease_key(session))
   if pttl < 0 then
-    redis.call('ZREM', KEYS[1], session)
+    redis.call('ZREM', K_ACTIVE, session)
     redis.call('HINCRBY', sess_key(session), 'epoch', 1)
-    if redis.call('LLEN', fifo_key(session)) > 0 then notify(session, KEYS[2], KEYS[3]) end
+    if redis.call('LLEN', fifo_key(session)) > 0 then notify(session) end
     repaired = repaired + 1
   else
     -- Renewed by a clock running behind ours: index it at its real expiry.
-    redis.call('ZADD', KEYS[1], now + pttl, session)
+    redis.call('ZADD', K_ACTIVE, now + pttl, session)
   end
 end
 return repaired

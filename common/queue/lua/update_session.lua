@@ -1,9 +1,9 @@
 -- update_session.lua: fenced HSET of worker-maintained fields of the session hash.
 --
--- KEYS[1] lease:{sess}   KEYS[2] sess:{sess}
--- ARGV[1] lease value   then field, value pairs
+-- ARGV[1] lease value   ARGV[2] session   then field, value pairs
 -- Returns 1 written | 0 lost (nothing written)
+-- Touches: lease:{s} (read), sess:{s}.
 
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[2], unpack(ARGV, 2))
+if not owns(ARGV[2], ARGV[1]) then return 0 end
+redis.call('HSET', sess_key(ARGV[2]), unpack(ARGV, 3))
 return 1
