@@ -6,6 +6,7 @@ rate limit, so no route can forget either.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -14,10 +15,11 @@ from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.auth import Authenticator, Principal
-from api.problems import NotFound
+from api.problems import JobExpired, NotFound
 from api.rate_limit import RateLimiter
 from common.config import Config, Environment
 from common.queue import JobRecord, JobWaiter, Queue
+from common.queue.queue import job_id_created_s
 from common.secret_box import SecretBox
 
 
@@ -40,8 +42,14 @@ class Fleet:
     async def visible_job(self, job_id: str, principal: Principal) -> JobRecord:
         """The job, if it exists and the caller may see it; another principal's job is a 404."""
         job = await self.queue.get_job(job_id)
-        if job is None or not principal.may_see(job.principal, job.environment, job.session_id):
-            raise NotFound(f"job {job_id!r} does not exist or has expired", job_id=job_id)
+        if job is None:
+            created = job_id_created_s(job_id)
+            if created is not None and time.time() - created > self.config.jobs.ttl_s:
+                raise JobExpired(f"job {job_id!r} expired (jobs are kept {self.config.jobs.ttl_s:g} s "
+                                 "after they end)", job_id=job_id)
+            raise NotFound(f"job {job_id!r} does not exist", job_id=job_id)
+        if not principal.may_see(job.principal, job.environment, job.session_id):
+            raise NotFound(f"job {job_id!r} does not exist", job_id=job_id)
         return job
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -110,15 +110,18 @@ async def batch(fleet: FleetDep, principal: PrincipalDep, request: Request,
     planned = [_batch_job(fleet, principal.id, i, item) for i, item in enumerate(calls)]
     for job, _ in planned:
         principal.check(job.environment, job.session_id)
+    # One Idempotency-Key covers the batch: call i is keyed `key#i`, so a replay returns the same
+    # jobs and a different batch under the same key conflicts on the first call that differs.
     key = request.headers.get("idempotency-key")
-    batch_fp = hashlib.sha256("|".join(fingerprint(c, j.session) for j, c in planned).encode()).hexdigest()
+    keys = [f"{key}#{i}" for i in range(len(planned))] if key else None
+    prints = [fingerprint(c, j.session) for j, c in planned] if key else None
     try:
-        results = await fleet.queue.enqueue_batch([j for j, _ in planned], idempotency_key=key,
-                                                  fingerprint=batch_fp)
+        results = await fleet.queue.enqueue_batch([j for j, _ in planned], idempotency_keys=keys,
+                                                  fingerprints=prints)
     except QueueIdempotencyConflict as err:
         raise IdempotencyConflict("this Idempotency-Key was used with a different batch",
                                   job_id=err.job_id) from err
-    jobs = [await fleet.queue.get_job(r.job_id) for r in results]
+    jobs = await asyncio.gather(*(fleet.queue.get_job(r.job_id) for r in results))
     body_out = {"jobs": [job_to_json(j) for j in jobs if j is not None]}
     return JSONResponse(body_out, status_code=202)
 

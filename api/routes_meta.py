@@ -42,14 +42,8 @@ async def readyz(fleet: FleetDep) -> Response:
 
 
 @router.get("/metrics", tags=["ops"])
-async def prometheus_metrics(fleet: FleetDep) -> Response:
-    stats = await fleet.queue.stats()
-    metrics.QUEUE_DEPTH.set(stats["queue_depth"])
-    metrics.OLDEST_JOB_AGE.set(stats["oldest_job_age_s"])
-    for state, n in stats["sessions_by_state"].items():
-        metrics.SESSIONS_BY_STATE.labels(state=state).set(n)
-    for state, n in stats["jobs_by_state"].items():
-        metrics.JOBS_BY_STATE.labels(state=state).set(n)
+async def prometheus_metrics() -> Response:
+    """This process's metrics, or the whole fleet's under `atefleet up` (see common.metrics)."""
     return Response(metrics.render_metrics(), media_type=metrics.PROMETHEUS_CONTENT_TYPE)
 
 

@@ -11,22 +11,25 @@ Run: .venv/bin/python bench/guest.py [--n 400]
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
-import os
-import socket
-import statistics
-import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+# Run as a script, bench/ is sys.path[0]: its sibling modules (e.g. bench/queue.py) would shadow
+# the stdlib. The repo root takes its place.
+sys.path[0] = str(REPO)
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import socket  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
 
 from common.guest_client import GuestClient  # noqa: E402
 from common.guest_protocol import SESSION_HEADER, GuestAddress  # noqa: E402
@@ -44,14 +47,21 @@ class RawClient:
 
     def request(self, method: str, target: str, body: Any = None) -> Any:
         data = json.dumps(body).encode() if body is not None else b""
-        head = (f"{method} {target} HTTP/1.1\r\nhost: guest\r\n{SESSION_HEADER}: {SESSION}\r\n"
-                f"content-type: application/json\r\ncontent-length: {len(data)}\r\n\r\n")
+        head = (
+            f"{method} {target} HTTP/1.1\r\nhost: guest\r\n{SESSION_HEADER}: {SESSION}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(data)}\r\n\r\n"
+        )
         self.sock.sendall(head.encode() + data)
         while b"\r\n\r\n" not in self.buf:
             self.buf += self.sock.recv(65536)
         header, self.buf = self.buf.split(b"\r\n\r\n", 1)
-        length = int(next(line.split(b":")[1] for line in header.split(b"\r\n")
-                          if line.lower().startswith(b"content-length")))
+        length = int(
+            next(
+                line.split(b":")[1]
+                for line in header.split(b"\r\n")
+                if line.lower().startswith(b"content-length")
+            )
+        )
         while len(self.buf) < length:
             self.buf += self.sock.recv(65536)
         payload, self.buf = self.buf[:length], self.buf[length:]
@@ -76,8 +86,19 @@ def timed(fn: Callable[[int], Any], n: int, warmup: int = 30) -> list[float]:
 
 def start_guest(tmp: Path, tag: str) -> tuple[subprocess.Popen[bytes], float]:
     sock = str(tmp / f"{tag}.sock")
-    cmd = [sys.executable, "-m", "guest", "--uds", sock, "--workspace", str(tmp / "ws"),
-           "--state-dir", str(tmp / f"state-{tag}"), "--skills-dir", str(tmp / "skills")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "guest",
+        "--uds",
+        sock,
+        "--workspace",
+        str(tmp / "ws"),
+        "--state-dir",
+        str(tmp / f"state-{tag}"),
+        "--skills-dir",
+        str(tmp / "skills"),
+    ]
     began = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, stderr=subprocess.DEVNULL)
     while True:
@@ -114,14 +135,23 @@ def main() -> None:
 
     def guest_call(tool: str, args: dict[str, Any]) -> Callable[[int], Any]:
         def fn(_: int) -> Any:
-            view = client.request("POST", "/v1/executions",
-                                  {"job_id": f"b{next(seq)}", "tool": tool, "arguments": args, "wait_s": 5})
+            view = client.request(
+                "POST",
+                "/v1/executions",
+                {"job_id": f"b{next(seq)}", "tool": tool, "arguments": args, "wait_s": 5},
+            )
             assert view["state"] == "finished" and not view["result"].get("is_error"), view
+
         return fn
 
     def raw_spawn(_: int) -> None:
-        subprocess.run(["/bin/sh", "-c", "true"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       stdin=subprocess.DEVNULL, start_new_session=True, check=True)
+        subprocess.run(
+            ["/bin/sh", "-c", "true"],
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            check=True,
+        )
 
     def raw_read(_: int) -> None:
         with open(ws / "one_k.txt", "rb") as f:
@@ -136,9 +166,12 @@ def main() -> None:
     results: dict[str, tuple[float, float]] = {}
     # Interleave raw and guest runs so machine noise hits both alike.
     for name, fn in [
-        ("raw_spawn", raw_spawn), ("bash_true", guest_call("bash", {"command": "true"})),
-        ("raw_read_1k", raw_read), ("read_1k", guest_call("read_file", {"path": "one_k.txt"})),
-        ("raw_write_1k", raw_write), ("write_1k", guest_call("write_file", {"path": "w.txt", "content": payload})),
+        ("raw_spawn", raw_spawn),
+        ("bash_true", guest_call("bash", {"command": "true"})),
+        ("raw_read_1k", raw_read),
+        ("read_1k", guest_call("read_file", {"path": "one_k.txt"})),
+        ("raw_write_1k", raw_write),
+        ("write_1k", guest_call("write_file", {"path": "w.txt", "content": payload})),
         ("readyz", lambda _: client.request("GET", "/readyz")),
     ]:
         results[name] = percentiles(timed(fn, n))
@@ -159,20 +192,28 @@ def main() -> None:
     proc.terminate()
     proc.wait()
     ready_ms = statistics.median(ready)
-    print(f"guest overhead p50: bash {results['bash_true'][0] - results['raw_spawn'][0]:.3f} ms, "
-          f"read {results['read_1k'][0] - results['raw_read_1k'][0]:.3f} ms, "
-          f"write {results['write_1k'][0] - results['raw_write_1k'][0]:.3f} ms")
+    print(
+        f"guest overhead p50: bash {results['bash_true'][0] - results['raw_spawn'][0]:.3f} ms, "
+        f"read {results['read_1k'][0] - results['raw_read_1k'][0]:.3f} ms, "
+        f"write {results['write_1k'][0] - results['raw_write_1k'][0]:.3f} ms"
+    )
     print(f"guest RSS {rss:.1f} MB (peak {hwm:.1f} MB); ready in {ready_ms:.0f} ms (median of 5 starts)")
     figures = {
-        "bash_true_p50_ms": results["bash_true"][0], "bash_true_p99_ms": results["bash_true"][1],
-        "raw_spawn_p50_ms": results["raw_spawn"][0], "raw_spawn_p99_ms": results["raw_spawn"][1],
-        "read_1k_p50_ms": results["read_1k"][0], "read_1k_p99_ms": results["read_1k"][1],
+        "bash_true_p50_ms": results["bash_true"][0],
+        "bash_true_p99_ms": results["bash_true"][1],
+        "raw_spawn_p50_ms": results["raw_spawn"][0],
+        "raw_spawn_p99_ms": results["raw_spawn"][1],
+        "read_1k_p50_ms": results["read_1k"][0],
+        "read_1k_p99_ms": results["read_1k"][1],
         "raw_read_1k_p50_ms": results["raw_read_1k"][0],
-        "write_1k_p50_ms": results["write_1k"][0], "write_1k_p99_ms": results["write_1k"][1],
+        "write_1k_p50_ms": results["write_1k"][0],
+        "write_1k_p99_ms": results["write_1k"][1],
         "raw_write_1k_p50_ms": results["raw_write_1k"][0],
         "readyz_p50_ms": results["readyz"][0],
         "bash_true_guest_client_p50_ms": gc_p50,
-        "guest_rss_mb": rss, "guest_peak_rss_mb": hwm, "guest_ready_ms": ready_ms,
+        "guest_rss_mb": rss,
+        "guest_peak_rss_mb": hwm,
+        "guest_ready_ms": ready_ms,
     }
     print(json.dumps({k: round(v, 3) for k, v in figures.items()}))
 

@@ -145,6 +145,9 @@ class WorkerConfig(_Model):
     lease_ttl_s: float = Field(10.0, gt=0, le=15.0)
     #: Infrastructure-failure attempts before a job fails and goes to the DLQ.
     max_attempts: int = Field(8, ge=1)
+    #: A resume finding no free Substrate worker waits (holding the session) this long before it
+    #: counts as a failed attempt: capacity is backpressure, not an error.
+    capacity_wait_s: float = Field(300.0, ge=0)
     retry_backoff_base_s: float = Field(0.25, gt=0)
     retry_backoff_max_s: float = Field(10.0, gt=0)
 

@@ -15,7 +15,9 @@ A tool's own failure (exit code 1, file not found) is not an error: it is the re
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
+import ssl
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, cast
@@ -75,17 +77,26 @@ class GuestProtocolError(GuestError):
         self.status = status
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """One TLS context per process: httpx would otherwise load the CA bundle for every client
+    (~20 ms each), and a worker opens a client per actor incarnation."""
+    return ssl.create_default_context()
+
+
 class GuestClient:
     """One guest. Reuses its connection; call `aclose()` (or use `async with`) when done."""
 
     def __init__(self, address: GuestAddress, *, session: str | None = None) -> None:
-        transport = httpx.AsyncHTTPTransport(uds=address.uds) if address.uds else None
+        tls = _tls_context()
+        transport = httpx.AsyncHTTPTransport(uds=address.uds, verify=tls) if address.uds else None
         headers = dict(address.headers)
         if session is not None:
             headers[SESSION_HEADER] = session
         self._http = httpx.AsyncClient(
             base_url=address.base_url,
             transport=transport,
+            verify=tls,
             headers=headers,
             timeout=httpx.Timeout(MAX_WAIT_S + REQUEST_SLACK_S, connect=CONNECT_TIMEOUT_S),
         )
@@ -93,8 +104,9 @@ class GuestClient:
     async def __aenter__(self) -> GuestClient:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
@@ -108,12 +120,19 @@ class GuestClient:
         """Start (or attach to) the execution of `request["job_id"]`; waits ≤ `wait_s` (max 5 s)."""
         return cast(ExecutionView, await self._call("POST", "/v1/executions", json=request))
 
-    async def poll(self, job_id: str, stdout_offset: int = 0, stderr_offset: int = 0,
-                   wait_s: float = MAX_WAIT_S) -> ExecutionView:
-        params = {"stdout_offset": stdout_offset, "stderr_offset": stderr_offset, "wait_s": min(wait_s, MAX_WAIT_S)}
+    async def poll(
+        self, job_id: str, stdout_offset: int = 0, stderr_offset: int = 0, wait_s: float = MAX_WAIT_S
+    ) -> ExecutionView:
+        params = {
+            "stdout_offset": stdout_offset,
+            "stderr_offset": stderr_offset,
+            "wait_s": min(wait_s, MAX_WAIT_S),
+        }
         return cast(ExecutionView, await self._call("GET", f"/v1/executions/{job_id}", params=params))
 
-    async def cancel(self, job_id: str, signal: str | int = "SIGTERM", grace_s: float | None = None) -> ExecutionView:
+    async def cancel(
+        self, job_id: str, signal: str | int = "SIGTERM", grace_s: float | None = None
+    ) -> ExecutionView:
         """Signal the execution's process group (SIGKILL follows after `grace_s`); no-op when finished."""
         body: dict[str, Any] = {"signal": signal}
         if grace_s is not None:
@@ -178,7 +197,9 @@ class GuestClient:
         try:
             body = response.json()
         except ValueError as err:
-            raise GuestProtocolError(f"{method} {path}: unreadable body (HTTP {response.status_code})", 0) from err
+            raise GuestProtocolError(
+                f"{method} {path}: unreadable body (HTTP {response.status_code})", 0
+            ) from err
         if response.status_code == 200:
             return body
         _raise_for(response.status_code, body, f"{method} {path}")

@@ -3,14 +3,12 @@
 Plain dataclasses and TypedDicts only: the guest imports this module, and it must stay cheap to
 import (no pydantic). The HTTP routes are:
 
-| method + path                            | body / query                                  | answer            |
-|------------------------------------------|-----------------------------------------------|-------------------|
-| `GET  /readyz`                           |                                               | `ReadyInfo`       |
-| `POST /v1/executions`                    | `StartRequest`                                | `ExecutionView`   |
-| `GET  /v1/executions/{job_id}`           | `?stdout_offset=&stderr_offset=&wait_s=`      | `ExecutionView`   |
-| `POST /v1/executions/{job_id}/cancel`    | `CancelRequest`                               | `ExecutionView`   |
-| `GET  /v1/executions`                    |                                               | `{"executions": [ExecutionSummary]}` |
-| `GET  /v1/processes`                     |                                               | `{"processes": [ProcessInfo]}` |
+- `GET  /readyz` → `ReadyInfo`
+- `POST /v1/executions` with `StartRequest` → `ExecutionView`
+- `GET  /v1/executions/{job_id}?stdout_offset=&stderr_offset=&wait_s=` → `ExecutionView`
+- `POST /v1/executions/{job_id}/cancel` with `CancelRequest` → `ExecutionView`
+- `GET  /v1/executions` → `{"executions": [ExecutionSummary]}`
+- `GET  /v1/processes` → `{"processes": [ProcessInfo]}`
 
 Every `/v1` request carries `SESSION_HEADER: {env}/{session_id}`; the first one binds the guest,
 another session is answered 403 `{"error": "session_mismatch", ...}`. Errors are JSON

@@ -11,8 +11,8 @@ import asyncio
 import os
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client import CONTENT_TYPE_LATEST as PROMETHEUS_CONTENT_TYPE
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
 __all__ = ["PROMETHEUS_CONTENT_TYPE"]
 
@@ -35,12 +35,11 @@ RECONCILER_REPAIRS = Counter("atefleet_reconciler_repairs_total", "Drifts repair
                              ["kind"])
 HTTP_REQUESTS = Counter("atefleet_http_requests_total", "API requests", ["route", "status"])
 
-# Gauges read from Redis at scrape time (see api): live values, not per-process state.
-QUEUE_DEPTH = Gauge("atefleet_queue_depth", "Jobs queued across all sessions", multiprocess_mode="max")
+# Gauges the reconciler's passes set from Redis (one live leader; "livemax" drops dead processes).
+QUEUE_DEPTH = Gauge("atefleet_queue_depth", "Jobs queued across all sessions", multiprocess_mode="livemax")
 OLDEST_JOB_AGE = Gauge("atefleet_oldest_queued_job_age_seconds", "Age of the oldest queued job",
-                       multiprocess_mode="max")
-SESSIONS_BY_STATE = Gauge("atefleet_sessions", "Sessions by state", ["state"], multiprocess_mode="max")
-JOBS_BY_STATE = Gauge("atefleet_jobs", "Jobs by state (live records)", ["state"], multiprocess_mode="max")
+                       multiprocess_mode="livemax")
+SESSIONS_BY_STATE = Gauge("atefleet_sessions", "Sessions by state", ["state"], multiprocess_mode="livemax")
 
 
 def render_metrics() -> bytes:

@@ -1,0 +1,1 @@
+"""atefleet guest: the tool server inside each actor (entry point: `python -m guest`)."""

@@ -72,8 +72,9 @@ class GuestApp:
 
     async def _poll(self, req: Request, match: re.Match[str]) -> Answer:
         wait_s = float(req.query.get("wait_s", "0"))
-        view = await self.executions.poll(match[1], _int_query(req, "stdout_offset"),
-                                          _int_query(req, "stderr_offset"), wait_s)
+        view = await self.executions.poll(
+            match[1], _int_query(req, "stdout_offset"), _int_query(req, "stderr_offset"), wait_s
+        )
         return (200, view) if view is not None else _error(404, "not_found", f"no execution {match[1]!r}")
 
     async def _cancel(self, req: Request, match: re.Match[str]) -> Answer:

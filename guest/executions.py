@@ -85,6 +85,21 @@ def _summary(tool: str, args: dict[str, Any]) -> str:
     return ""
 
 
+#: Calls without side effects: their start record is not fsynced (see Journal.record_start).
+_READ_ONLY_TOOLS = frozenset({"read_file", "list_dir", "stat", "list_skills", "activate_skill"})
+_READ_ONLY_ACTIONS = {
+    "edit": ("command", frozenset({"view"})),
+    "process": ("action", frozenset({"status", "logs", "list"})),
+}
+
+
+def _read_only(tool: str, args: dict[str, Any]) -> bool:
+    if tool in _READ_ONLY_TOOLS:
+        return True
+    key, actions = _READ_ONLY_ACTIONS.get(tool, ("", frozenset()))
+    return args.get(key) in actions
+
+
 def _limits(raw: object) -> dict[str, Any]:
     limits: dict[str, Any] = dict(DEFAULT_LIMITS)
     if raw is None:
@@ -101,8 +116,9 @@ def _limits(raw: object) -> dict[str, Any]:
 
 
 class Executions:
-    def __init__(self, journal: Journal, processes: ProcessManager, workspace: str, state_dir: str,
-                 skills_dir: str) -> None:
+    def __init__(
+        self, journal: Journal, processes: ProcessManager, workspace: str, state_dir: str, skills_dir: str
+    ) -> None:
         self.journal = journal
         self.processes = processes
         self.workspace = workspace
@@ -161,48 +177,66 @@ class Executions:
     def _launch(self, job_id: str, tool: str, args: dict[str, Any], req: dict[str, Any]) -> Execution:
         limits = _limits(req.get("limits"))
         env = req.get("env") or {}
-        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
             raise BadRequest("env must be an object of string values")
         skills_dir = req.get("skills_dir") or self.skills_dir
         if not isinstance(skills_dir, str):
             raise BadRequest("skills_dir must be a string")
         # The entry goes in before the first await: a concurrent duplicate start attaches to it.
-        entry = self.journal.record_start(job_id, tool, _summary(tool, args))
+        entry = self.journal.record_start(
+            job_id, tool, _summary(tool, args), durable=not _read_only(tool, args)
+        )
         out_max = int(limits["output_max_bytes"])
         ex = Execution(entry, None, BoundedOutput(out_max), BoundedOutput(out_max))
         ex.ctx = ToolContext(
-            job_id=job_id, paths=PathResolver(self.workspace, (skills_dir,)), limits=limits, env=env,
-            skills_dir=skills_dir, state_dir=self.state_dir, processes=self.processes,
-            stdout=ex.stdout, stderr=ex.stderr, notify=ex.wake,
+            job_id=job_id,
+            paths=PathResolver(self.workspace, (skills_dir,)),
+            limits=limits,
+            env=env,
+            skills_dir=skills_dir,
+            state_dir=self.state_dir,
+            processes=self.processes,
+            stdout=ex.stdout,
+            stderr=ex.stderr,
+            notify=ex.wake,
         )
         self._live[job_id] = ex
-        ex.task = asyncio.create_task(self._run(ex, tool, args))
+        ex.task = asyncio.create_task(self._run(ex, ex.ctx, tool, args))
         return ex
 
-    async def _run(self, ex: Execution, tool: str, args: dict[str, Any]) -> None:
-        assert ex.ctx is not None
+    async def _run(self, ex: Execution, ctx: ToolContext, tool: str, args: dict[str, Any]) -> None:
         run = TOOLS.get(tool)
         try:
             if run is None:
                 raise ToolError(f"unsupported tool '{tool}'")
-            result = await run(ex.ctx, args)
+            result = await run(ctx, args)
         except ToolError as err:
             result = {"output": f"Error: {err}", "is_error": True, "error": str(err)}
         except Exception as err:  # a bug in a tool must still end the execution with an answer
             log.exception("tool %s failed for job %s", tool, ex.entry.job_id)
-            result = {"output": f"Error: internal error: {err}", "is_error": True, "error": f"internal error: {err}"}
+            result = {
+                "output": f"Error: internal error: {err}",
+                "is_error": True,
+                "error": f"internal error: {err}",
+            }
         state = ExecutionState.finished
         if self.stopping:
             state, result = ExecutionState.interrupted, interrupted_result(result)
         self.journal.record_end(ex.entry.job_id, state, result)
         ex.result = result
         ex.wake()
-        self._forget_old()
+        self._forget_old(ex.entry.job_id)
 
-    def _forget_old(self) -> None:
+    def _forget_old(self, job_id: str) -> None:
+        """Move the finished job to the end of the LRU and drop the oldest finished beyond RECENT."""
+        self._live.move_to_end(job_id)
+        if len(self._live) <= RECENT:
+            return
         finished = [j for j, e in self._live.items() if not e.running]
-        for job_id in finished[: max(0, len(finished) - RECENT)]:
-            del self._live[job_id]
+        for old in finished[: max(0, len(finished) - RECENT)]:
+            del self._live[old]
 
     async def _wait_for_news(self, ex: Execution, out_off: int, err_off: int, wait_s: float) -> None:
         began = time.monotonic()
@@ -222,7 +256,9 @@ class Executions:
             except TimeoutError:
                 return
 
-    async def _answer(self, ex: Execution, out_off: int, err_off: int, wait_s: float, attached: bool) -> dict[str, Any]:
+    async def _answer(
+        self, ex: Execution, out_off: int, err_off: int, wait_s: float, attached: bool
+    ) -> dict[str, Any]:
         if wait_s > 0:
             await self._wait_for_news(ex, out_off, err_off, wait_s)
         final = not ex.running

@@ -132,8 +132,20 @@ class ProcessManager:
             proc = await spawn_shell(command, cwd, env, stdin=True)
         except OSError as err:
             raise ToolError(f"cannot start process: {err}") from err
-        record = ProcRecord(process_id, proc.pid, command[:1000], "running", None, None, time.time(), None,
-                            0, 0, job_id, _start_ticks(proc.pid))
+        record = ProcRecord(
+            process_id,
+            proc.pid,
+            command[:1000],
+            "running",
+            None,
+            None,
+            time.time(),
+            None,
+            0,
+            0,
+            job_id,
+            _start_ticks(proc.pid),
+        )
         bp = BackgroundProcess(record, directory, proc)
         bp.save()
         self._procs[process_id] = bp

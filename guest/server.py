@@ -73,7 +73,9 @@ class HttpServer:
                 self._connections.discard(task)
             writer.close()
 
-    async def _loop(self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _loop(
+        self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         while True:
             request = await self._read_request(conn, reader)
             if request is None:
@@ -81,9 +83,11 @@ class HttpServer:
             status, payload = await self._dispatch(request)
             body = json.dumps(payload, separators=(",", ":")).encode()
             headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
-            writer.write(conn.send(h11.Response(status_code=status, headers=headers)) or b"")
-            writer.write(conn.send(h11.Data(data=body)) or b"")
-            writer.write(conn.send(h11.EndOfMessage()) or b"")
+            # One write (one syscall) for head, body and end of message.
+            head = conn.send(h11.Response(status_code=status, headers=headers)) or b""
+            writer.write(
+                head + (conn.send(h11.Data(data=body)) or b"") + (conn.send(h11.EndOfMessage()) or b"")
+            )
             await writer.drain()
             if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                 return

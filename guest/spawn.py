@@ -59,7 +59,7 @@ def signal_group(pid: int, sig: int) -> bool:
 
 
 def parse_signal(value: object, default: int = _signal.SIGTERM) -> int:
-    """"SIGTERM", "TERM", "15" or 15 → 15; ValueError on anything else."""
+    """ "SIGTERM", "TERM", "15" or 15 → 15; ValueError on anything else."""
     if value is None:
         return int(default)
     if isinstance(value, int) and not isinstance(value, bool):
@@ -87,7 +87,9 @@ def exit_status(returncode: int) -> tuple[int, int | None]:
     return returncode, None
 
 
-async def stop_group(proc: asyncio.subprocess.Process, sig: int = _signal.SIGTERM, grace_s: float = KILL_GRACE_S) -> None:
+async def stop_group(
+    proc: asyncio.subprocess.Process, sig: int = _signal.SIGTERM, grace_s: float = KILL_GRACE_S
+) -> None:
     """Signal the group, then SIGKILL it if the leader has not exited within `grace_s`."""
     if not signal_group(proc.pid, sig):
         return

@@ -42,7 +42,9 @@ async def measured(name: str, run: Callable[[PassReport], Awaitable[None]]) -> P
         RECONCILER_PASS_SECONDS.labels(pass_name=name).observe(report.duration_s)
         for kind, n in report.repairs.items():
             RECONCILER_REPAIRS.labels(kind=kind).inc(n)
-        log.info("reconciler pass", extra={"fields": {
+        # A pass that repaired nothing is routine (one per period): debug, so logs show the drifts.
+        level = logging.INFO if report.repairs else logging.DEBUG
+        log.log(level, "reconciler pass", extra={"fields": {
             "pass": name, "duration_ms": round(report.duration_s * 1000, 1), "examined": report.examined,
             "repairs": dict(report.repairs)}})
     return report

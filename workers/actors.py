@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from common.substrate import (
     Actor,
     ActorStatus,
     ConfigurationError,
+    NoFreeWorkers,
     NotFound,
     SubstrateClient,
     SubstrateError,
@@ -32,6 +34,12 @@ from common.substrate import (
 
 log = logging.getLogger("atefleet.worker.actors")
 
+#: A guest that answered this recently is used without asking Substrate again (seconds). Safe
+#: because the guest refuses any other session, and a vanished guest makes the caller re-resolve.
+GUEST_TRUST_S = 2.0
+#: Polling bounds (seconds) while waiting for a free Substrate worker.
+CAPACITY_POLL_MIN_S = 0.05
+CAPACITY_POLL_MAX_S = 1.0
 #: How long to wait for an actor another operation left RESUMING/SUSPENDING, seconds.
 SETTLE_TIMEOUT_S = 60.0
 SETTLE_POLL_S = 0.1
@@ -55,6 +63,8 @@ class RunningGuest:
     epoch: int
     actor: Actor
     guest: GuestClient
+    #: time.monotonic() of the last proof the actor runs: a RUNNING answer or a guest reply.
+    verified_at: float
 
 
 class ActorKeeper:
@@ -89,16 +99,19 @@ class ActorKeeper:
 
     # -- running guests ------------------------------------------------------------------------
 
-    async def running_guest(self, ctx: JobContext) -> GuestClient | None:
+    async def running_guest(self, ctx: JobContext, fresh: bool = False) -> GuestClient | None:
         """The guest of this session's actor if it is RUNNING now, else None.
 
-        Within one lease epoch the cached guest is used as is. A new epoch re-reads the actor
-        (a fresh status answer); the cached connection is kept only if it still points at the same
-        incarnation (`pod_uid` changes on every resume), which skips a reconnect and identity bind.
+        A guest cached in this lease epoch, or one that answered within GUEST_TRUST_S, is used
+        as is (unless `fresh`). Otherwise the actor is re-read (a fresh status answer); the cached
+        connection is kept only if it still points at the same incarnation (`pod_uid` changes on
+        every resume), which skips a reconnect and identity bind.
         """
         session = ctx.job.session
         cached = self._guests.get(session)
-        if cached is not None and cached.epoch == ctx.epoch:
+        if cached is not None and not fresh and (
+                cached.epoch == ctx.epoch or time.monotonic() - cached.verified_at < GUEST_TRUST_S):
+            cached.epoch = ctx.epoch
             self._guests.move_to_end(session)
             return cached.guest
         env = self._env(ctx)
@@ -107,11 +120,17 @@ class ActorKeeper:
             self.forget(session)
             return None
         if cached is not None and cached.actor.pod_uid == actor.pod_uid and actor.pod_uid:
-            cached.epoch = ctx.epoch
+            cached.epoch, cached.verified_at = ctx.epoch, time.monotonic()
             self._guests.move_to_end(session)
             return cached.guest
         self.forget(session)
         return await self._bind(ctx, actor)
+
+    def guest_answered(self, session: str) -> None:
+        """A guest call succeeded: the actor runs, so the trust window starts again."""
+        cached = self._guests.get(session)
+        if cached is not None:
+            cached.verified_at = time.monotonic()
 
     async def _bind(self, ctx: JobContext, actor: Actor) -> GuestClient:
         """Connect to the guest of a fresh RUNNING answer and check (or bind) its identity."""
@@ -123,7 +142,7 @@ class ActorKeeper:
         except GuestError:
             await guest.aclose()
             raise
-        self._remember(ctx.job.session, RunningGuest(ctx.epoch, actor, guest))
+        self._remember(ctx.job.session, RunningGuest(ctx.epoch, actor, guest, time.monotonic()))
         return guest
 
     def _remember(self, session: str, running: RunningGuest) -> None:
@@ -176,8 +195,25 @@ class ActorKeeper:
             actor = await self.substrate.ensure_actor(env.atespace, name, env.template)
         if not actor.running:
             await ctx.update_session(state="resuming", actor=name)
-            actor = await self.substrate.resume_actor(env.atespace, name)
+            actor = await self._resume_when_capacity(env.atespace, name)
         return await self._settle(env.atespace, name, actor, want=ActorStatus.RUNNING)
+
+    async def _resume_when_capacity(self, atespace: str, name: str) -> Actor:
+        """Resume, waiting in place while Substrate has no free worker (up to capacity_wait_s).
+
+        The lease keeps renewing meanwhile, so the session's order holds; jittered polling lets a
+        freed slot go to whichever waiting session asks first.
+        """
+        deadline = time.monotonic() + self.config.workers.capacity_wait_s
+        delay_s = CAPACITY_POLL_MIN_S
+        while True:
+            try:
+                return await self.substrate.resume_actor(atespace, name)
+            except NoFreeWorkers:
+                if time.monotonic() + delay_s > deadline:
+                    raise
+                await asyncio.sleep(delay_s * (0.5 + random.random()))
+                delay_s = min(delay_s * 2, CAPACITY_POLL_MAX_S)
 
     async def _settle(self, atespace: str, name: str, actor: Actor, want: ActorStatus) -> Actor:
         """Wait while an operation is in progress (RESUMING/SUSPENDING) until `want` or failure."""
@@ -191,9 +227,9 @@ class ActorKeeper:
             actor = await self.substrate.get_actor(atespace, name)
         return actor
 
-    async def ensure_running(self, ctx: JobContext, auto_resume: bool) -> GuestClient:
+    async def ensure_running(self, ctx: JobContext, auto_resume: bool, fresh: bool = False) -> GuestClient:
         """The session's guest, resuming the actor first when `auto_resume` asks for it."""
-        guest = await self.running_guest(ctx)
+        guest = await self.running_guest(ctx, fresh)
         if guest is not None:
             return guest
         if not auto_resume:

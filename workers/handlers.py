@@ -17,7 +17,7 @@ from common.config import Config
 from common.guest_client import GuestClient, GuestError, GuestUnavailable, SessionMismatch
 from common.guest_protocol import Limits
 from common.logs import log_context
-from common.metrics import GUEST_CALL_LATENCY, JOBS_FINISHED
+from common.metrics import GUEST_CALL_LATENCY
 from common.queue import JobCancelled, JobContext, JobFailed, JobKind, RetryLater
 from common.secret_box import SEALED_ENV_KEY, SecretBox, SecretError
 from common.tool_calls import ToolCall, render_result
@@ -26,6 +26,10 @@ from workers.actors import ActorKeeper, problem
 log = logging.getLogger("atefleet.worker")
 
 Handler = Callable[[JobContext], Awaitable[dict[str, Any]]]
+
+
+class GuestGone(Exception):
+    """The guest did not answer, or answers for another session: its actor is not ours anymore."""
 
 
 class JobHandlers:
@@ -44,13 +48,7 @@ class JobHandlers:
     async def __call__(self, ctx: JobContext) -> dict[str, Any]:
         job = ctx.job
         with log_context(job=job.id, session=job.session, principal=job.principal):
-            try:
-                result = await self._table[job.kind](ctx)
-            except (JobFailed, JobCancelled) as outcome:
-                JOBS_FINISHED.labels(kind=str(job.kind), state=type(outcome).__name__).inc()
-                raise
-            JOBS_FINISHED.labels(kind=str(job.kind), state="succeeded").inc()
-            return result
+            return await self._table[job.kind](ctx)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -89,7 +87,20 @@ class JobHandlers:
         payload = ctx.job.payload
         auto_resume = bool(payload.get("auto_resume"))
         guest = await self.actors.ensure_running(ctx, auto_resume)
-        result = await self._execute(ctx, guest)
+        try:
+            result = await self._execute(ctx, guest)
+        except GuestGone:
+            # The cached guest vanished (actor suspended or its pod died behind our back): ask
+            # Substrate afresh once, resuming if allowed; the guest journal makes a re-sent start
+            # of the same job id attach rather than run twice.
+            self.actors.forget(ctx.job.session)
+            guest = await self.actors.ensure_running(ctx, auto_resume, fresh=True)
+            try:
+                result = await self._execute(ctx, guest)
+            except GuestGone as err:
+                self.actors.forget(ctx.job.session)
+                raise RetryLater(f"guest unavailable: {err}") from err
+        self.actors.guest_answered(ctx.job.session)
         await ctx.update_session(last_activity=str(time.time()))
         if auto_resume and not await self._next_call_resumes(ctx):
             # Seed semantics: resume before, suspend after; skipped when the next queued job
@@ -126,14 +137,8 @@ class JobHandlers:
                 ctx.job.id, tool, dict(payload.get("arguments") or {}),
                 env=await self._env_variables(ctx), limits=limits,
                 skills_dir=env.skills_dir if env else None, on_output=on_output, cancelled=ctx.cancelled)
-        except GuestUnavailable as err:
-            # The guest vanished (actor suspended or its pod died behind our back): drop the
-            # cached address; the retry re-reads the actor's status and resumes if asked to.
-            self.actors.forget(ctx.job.session)
-            raise RetryLater(f"guest unavailable: {err}") from err
-        except SessionMismatch as err:
-            self.actors.forget(ctx.job.session)
-            raise RetryLater(f"guest serves another session: {err}") from err
+        except (GuestUnavailable, SessionMismatch) as err:
+            raise GuestGone(str(err)) from err
         except GuestError as err:
             raise JobFailed(problem(502, "guest_error", "Guest error", str(err))) from err
         GUEST_CALL_LATENCY.labels(tool=tool).observe(time.monotonic() - started)

@@ -2,15 +2,20 @@
 
 - `Queue`: enqueue (idempotent, batch), read/cancel jobs, output, sessions; the worker-side
   fenced operations; the reconciler's repair primitives.
-- `Consumer` + `JobContext`: the worker runtime driving a handler callback.
+- `Consumer` + `JobContext`: the worker runtime driving a handler callback; `leases`: its lease
+  keeping (renewal, cancel requests, loss).
 - `JobWaiter`: wait for terminal jobs over one shared subscription.
-- `keys`: every key name; `scripts`: the Lua scripts (in `lua/`) and their typed calls.
+- `keys`: every key name; `scripts`: the Lua scripts (in `lua/`) and their typed calls;
+  `batcher`: sends script calls made in the same loop turn as one pipeline.
 """
 
 from common.queue.consumer import Consumer
 from common.queue.context import Handler, JobContext
 from common.queue.keys import Keys, session_name, split_session
 from common.queue.models import (
+    PROBLEM_CANCELLED,
+    PROBLEM_INVALID_RESULT,
+    PROBLEM_RETRIES_EXHAUSTED,
     TERMINAL_STATES,
     EnqueueResult,
     HandlerOutcome,
@@ -30,6 +35,9 @@ from common.queue.scripts import Acquired, Lease
 from common.queue.waiter import JobWaiter
 
 __all__ = [
+    "PROBLEM_CANCELLED",
+    "PROBLEM_INVALID_RESULT",
+    "PROBLEM_RETRIES_EXHAUSTED",
     "TERMINAL_STATES",
     "Acquired",
     "Consumer",

@@ -19,6 +19,10 @@ from redis.exceptions import NoScriptError
 
 RedisArg = str | int | float | bytes
 
+#: Calls per pipeline. Smaller batches keep several pipelines in flight, so Redis executes one
+#: while this process encodes the next and decodes the previous (instead of taking turns).
+MAX_BATCH = 16
+
 
 class LuaScript:
     """One script: its full source and SHA."""
@@ -45,32 +49,33 @@ class ScriptBatcher:
         self._sending: set[asyncio.Task[None]] = set()
 
     async def call(self, script: LuaScript, keys: Sequence[str], args: Sequence[RedisArg]) -> Any:
-        loop = asyncio.get_running_loop()
-        call = _Call(script, keys, args, loop.create_future())
-        if not self._pending:
-            loop.call_soon(self._flush)
+        call = _Call(script, keys, args, asyncio.get_running_loop().create_future())
+        if not self._pending or len(self._pending) >= MAX_BATCH:
+            # A new batch with its own sender. The sender's first step runs after the callbacks
+            # already ready in this loop turn, so it takes every call they make along.
+            self._pending = []
+            task = asyncio.create_task(self._send(self._pending))
+            self._sending.add(task)  # the loop holds tasks weakly
+            task.add_done_callback(self._sending.discard)
         self._pending.append(call)
         return await call.future
 
-    def _flush(self) -> None:
-        batch, self._pending = self._pending, []
-        task = asyncio.create_task(self._send(batch))
-        # Keep a reference until done (the loop holds tasks weakly).
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
-
     async def _send(self, batch: list[_Call]) -> None:
+        if self._pending is batch:
+            self._pending = []  # closed: later calls start the next batch
         pipe = self.redis.pipeline(transaction=False)
         for c in batch:
             pipe.execute_command("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.args)
         try:
             results = await pipe.execute(raise_on_error=False)
-        except BaseException as err:  # connection errors reach every caller (they retry)
+        except asyncio.CancelledError:
+            for c in batch:
+                c.future.cancel()
+            raise
+        except Exception as err:  # connection errors reach every caller (they retry)
             for c in batch:
                 if not c.future.done():
                     c.future.set_exception(err)
-            if isinstance(err, asyncio.CancelledError):
-                raise
             return
         for c, result in zip(batch, results, strict=True):
             if isinstance(result, NoScriptError):

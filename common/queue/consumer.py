@@ -3,10 +3,9 @@
 One Consumer per worker process runs up to `concurrency` sessions at once (asyncio tasks). For
 each `ready` entry it acquires the session's lease, runs up to `jobs_per_turn` jobs of that
 session in FIFO order (complete-and-take-next is one round trip), then releases so hot sessions
-cannot starve others. One background task renews all held leases in one script call; a lease it
-cannot renew is lost: that session's job is told (ctx.cancelled, ctx.lease_lost), its handler task
-cancelled, the loss logged, and nothing more is written for it. Redis connection errors are
-retried with backoff, so workers ride out a Redis restart on their own.
+cannot starve others. `LeaseKeeper` renews all held leases in one script call; a lost lease stops that
+session's work here (see leases.py) and nothing more is written for it. Redis connection errors
+are retried with backoff, so workers ride out a Redis restart on their own.
 """
 
 from __future__ import annotations
@@ -19,51 +18,24 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
+from common.metrics import JOB_RETRIES, JOBS_FINISHED
 from common.queue.context import Handler, JobContext
+from common.queue.leases import BACKOFF_MAX_S, BACKOFF_MIN_S, TRANSIENT, LeaseKeeper, Turn
 from common.queue.models import (
     PROBLEM_CANCELLED,
+    PROBLEM_INVALID_RESULT,
     JobCancelled,
     JobFailed,
     JobRecord,
     JobState,
     LeaseLost,
     RetryLater,
-    text,
 )
 from common.queue.queue import Queue
-from common.queue.scripts import Lease
 
 log = logging.getLogger("atefleet.queue.consumer")
 
 T = TypeVar("T")
-
-#: Errors that mean "Redis is unreachable right now": retried with backoff.
-TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
-
-#: Reconnect backoff bounds (seconds).
-BACKOFF_MIN_S = 0.05
-BACKOFF_MAX_S = 1.0
-
-
-@dataclass
-class _Turn:
-    """A session held by this consumer: its lease, its task and the job running now."""
-
-    lease: Lease
-    expires_at: float
-    task: asyncio.Task[Any] | None = None
-    ctx: JobContext | None = None
-    lost: bool = False
-    #: The handler is running: the only time the turn's task may be cancelled (lease lost, hard
-    #: stop), so that outcome writes are never interrupted half way.
-    in_handler: bool = False
-    #: A finishing call is in flight; it may release the lease, so a renewal that finds the lease
-    #: gone meanwhile is not a loss (the finishing call itself reports a real one).
-    finishing: bool = False
-
 
 @dataclass(frozen=True)
 class _Outcome:
@@ -96,26 +68,28 @@ class Consumer:
         self.block_ms = block_ms
         self.stop_grace_s = stop_grace_s
         self.lease_ttl_s = queue.lease_ttl_ms / 1000
-        self._turns: dict[str, _Turn] = {}
         self._turn_tasks: set[asyncio.Task[None]] = set()
         self._slot_free = asyncio.Event()
         self._stop = asyncio.Event()
         self._done = asyncio.Event()
         self._hard_stop = False
+        self._running = False
         #: Counters for tests and metrics.
         self.stats = {"jobs": 0, "turns": 0, "leases_lost": 0, "retries": 0}
+        self._leases = LeaseKeeper(queue, worker_id, self.stats)
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def run(self) -> None:
         """Consume until `stop()`; then finish running jobs (grace), cancel the rest, return."""
+        self._running = True
         try:
             await self._retrying(self.queue.ensure_group, deadline=None)
         except Stopped:
             self._done.set()
             return
         reader = asyncio.create_task(self._read_loop(), name="consumer-reader")
-        renewer = asyncio.create_task(self._renew_loop(), name="consumer-renewer")
-        listener = asyncio.create_task(self._cancel_listener(), name="consumer-cancels")
+        renewer = asyncio.create_task(self._leases.renew_loop(), name="consumer-renewer")
+        listener = asyncio.create_task(self._leases.cancel_listener(), name="consumer-cancels")
         try:
             await self._stop.wait()
         finally:
@@ -123,9 +97,10 @@ class Consumer:
             self._done.set()
 
     async def stop(self) -> None:
-        """Ask `run()` to stop and wait until it has."""
+        """Ask `run()` to stop and wait until it has (at once if it never ran)."""
         self._stop.set()
-        await self._done.wait()
+        if self._running:
+            await self._done.wait()
 
     async def _shutdown(self, *background: asyncio.Task[None]) -> None:
         reader, renewer, listener = background
@@ -142,7 +117,7 @@ class Consumer:
         # Past the grace period, cancel running handlers: each turn then releases its lease so
         # another worker resumes the interrupted job at once. Renewals keep flowing meanwhile.
         self._hard_stop = True
-        for turn in list(self._turns.values()):
+        for turn in list(self._leases.turns.values()):
             if turn.in_handler and turn.task is not None:
                 turn.task.cancel()
         if self._turn_tasks:
@@ -193,12 +168,8 @@ class Consumer:
             return  # if it did take the lease, the lease expires and repair re-notifies
         if acquired.lease is None:
             return
-        turn = _Turn(acquired.lease, expires_at=started + self.lease_ttl_s, task=asyncio.current_task())
-        stale = self._turns.get(session)
-        if stale is not None:
-            # Our own earlier turn outlived its lease (the new epoch proves it): stop it first.
-            self._lose(stale, f"session re-acquired under epoch {turn.lease.epoch}")
-        self._turns[session] = turn
+        turn = Turn(acquired.lease, expires_at=started + self.lease_ttl_s, task=asyncio.current_task())
+        self._leases.hold(turn)
         self.stats["turns"] += 1
         try:
             await self._drain(turn, acquired.job)
@@ -207,10 +178,9 @@ class Consumer:
                 await asyncio.shield(self._release_quietly(turn))
             raise
         finally:
-            if self._turns.get(session) is turn:
-                del self._turns[session]
+            self._leases.drop(turn)
 
-    async def _drain(self, turn: _Turn, job: JobRecord | None) -> None:
+    async def _drain(self, turn: Turn, job: JobRecord | None) -> None:
         budget = self.jobs_per_turn
         while job is not None:
             budget -= 1
@@ -222,7 +192,7 @@ class Consumer:
             job = await self._finish(turn, job, outcome, take_next)
             turn.finishing = False
 
-    async def _execute(self, turn: _Turn, job: JobRecord) -> _Outcome:
+    async def _execute(self, turn: Turn, job: JobRecord) -> _Outcome:
         ctx = JobContext(self.queue, turn.lease, job)
         turn.ctx = ctx
         turn.in_handler = True
@@ -238,7 +208,7 @@ class Consumer:
             return _Outcome(JobState.CANCELLED, error=problem)
         except LeaseLost:
             turn.in_handler = False
-            self._lose(turn, "a fenced write was refused")
+            self._leases.lose(turn, "a fenced write was refused")
             return _Outcome(None)
         except asyncio.CancelledError:
             if turn.lost and not self._hard_stop and turn.task is not None:
@@ -252,13 +222,14 @@ class Consumer:
             turn.in_handler = False
 
     async def _finish(
-        self, turn: _Turn, job: JobRecord, outcome: _Outcome, take_next: bool
+        self, turn: Turn, job: JobRecord, outcome: _Outcome, take_next: bool
     ) -> JobRecord | None:
         """Record the outcome (fenced); the next job of this turn, or None when it ended."""
         try:
             retry, state = outcome.retry, outcome.state
             if retry is not None:
                 self.stats["retries"] += 1
+                JOB_RETRIES.labels(reason=retry.reason.split(":", 1)[0][:40]).inc()
                 await self._retrying(
                     lambda: self.queue.retry_later(
                         turn.lease, job.id, retry.reason, job.attempts, retry.delay_s
@@ -268,100 +239,34 @@ class Consumer:
                 return None
             if state is None:
                 return None
-            nxt = await self._retrying(
-                lambda: self.queue.complete(
-                    turn.lease, job.id, state, result=outcome.result, error=outcome.error, take_next=take_next
-                ),
-                turn.expires_at,
-            )
+            try:
+                nxt = await self._retrying(
+                    lambda: self.queue.complete(
+                        turn.lease, job.id, state, result=outcome.result, error=outcome.error,
+                        take_next=take_next,
+                    ),
+                    turn.expires_at,
+                )
+            except (TypeError, ValueError) as err:  # not JSON: fail the job rather than loop on it
+                log.error("job %s of %s: outcome is not JSON (%s)", job.id, job.session, err)
+                problem = {"type": PROBLEM_INVALID_RESULT, "title": "Invalid job result", "status": 500,
+                           "detail": f"the handler's outcome could not be stored: {err}"}
+                nxt = await self._retrying(
+                    lambda: self.queue.complete(
+                        turn.lease, job.id, JobState.FAILED, error=problem, take_next=take_next
+                    ),
+                    turn.expires_at,
+                )
             self.stats["jobs"] += 1
+            JOBS_FINISHED.labels(kind=str(job.kind), state=str(state)).inc()
             return nxt
         except LeaseLost as err:
-            self._lose(turn, f"could not record the outcome of job {job.id}: {err}")
+            self._leases.lose(turn, f"could not record the outcome of job {job.id}: {err}")
             return None
 
-    async def _release_quietly(self, turn: _Turn) -> None:
+    async def _release_quietly(self, turn: Turn) -> None:
         with contextlib.suppress(*TRANSIENT):
             await self.queue.release(turn.lease)
-
-    # -- lease keeping ---------------------------------------------------------------------------
-    def _lose(self, turn: _Turn, why: str) -> None:
-        """The lease is gone: stop this session's work here and say so."""
-        if turn.lost:
-            return
-        turn.lost = True
-        self.stats["leases_lost"] += 1
-        job_id = turn.ctx.job.id if turn.ctx else None
-        log.warning("lease lost: session=%s epoch=%s job=%s worker=%s (%s)",
-                    turn.lease.session, turn.lease.epoch, job_id, self.worker_id, why)
-        if turn.ctx is not None:
-            turn.ctx.lease_lost = True
-            turn.ctx.cancelled.set()
-        if turn.in_handler and turn.task is not None and turn.task is not asyncio.current_task():
-            turn.task.cancel()
-
-    async def _renew_loop(self) -> None:
-        period = self.lease_ttl_s / 3
-        while True:
-            await asyncio.sleep(period)
-            turns = [t for t in self._turns.values() if not t.lost]
-            if not turns:
-                continue
-            started = time.monotonic()
-            try:
-                pairs = [(t.lease, t.ctx.job.id if t.ctx else None) for t in turns]
-                answers = await self.queue.renew(pairs)
-            except Exception as err:  # any failure to renew counts against the leases' expiry
-                if not isinstance(err, TRANSIENT):
-                    log.exception("lease renewal failed")
-                self._expire_unrenewed(err)
-                continue
-            for turn, answer in zip(turns, answers, strict=True):
-                self._apply_renewal(turn, answer, started)
-
-    def _apply_renewal(self, turn: _Turn, answer: int, started: float) -> None:
-        if self._turns.get(turn.lease.session) is not turn:
-            return  # the turn ended (and released) while the renewal was in flight
-        if answer == 0:
-            if not turn.finishing:
-                self._lose(turn, "renewal found another owner or none")
-            return
-        turn.expires_at = started + self.lease_ttl_s
-        if answer == 2 and turn.ctx is not None:
-            turn.ctx.cancelled.set()
-
-    def _expire_unrenewed(self, err: BaseException) -> None:
-        """Redis unreachable: a lease we could not renew before its expiry is lost."""
-        now = time.monotonic()
-        for turn in list(self._turns.values()):
-            if turn.expires_at <= now:
-                self._lose(turn, f"could not renew: {err}")
-
-    async def _cancel_listener(self) -> None:
-        """Cancel requests on the shared channel; renewals re-check `cx` if a message is missed."""
-        backoff = BACKOFF_MIN_S
-        while True:
-            pubsub = self.queue.redis.pubsub()
-            try:
-                await pubsub.subscribe(self.queue.keys.cancel_channel)
-                backoff = BACKOFF_MIN_S
-                while True:
-                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                    if msg is not None:
-                        self._cancel_requested(text(msg["data"]))
-            except Exception as err:  # keep listening whatever happened; renewals cover the gap
-                if not isinstance(err, TRANSIENT):
-                    log.exception("cancel listener failed")
-                await asyncio.sleep(backoff)
-                backoff = min(BACKOFF_MAX_S, backoff * 2)
-            finally:
-                with contextlib.suppress(*TRANSIENT):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
-
-    def _cancel_requested(self, job_id: str) -> None:
-        for turn in self._turns.values():
-            if turn.ctx is not None and turn.ctx.job.id == job_id:
-                turn.ctx.cancelled.set()
 
     # -- Redis availability ----------------------------------------------------------------------
     async def _retrying(self, call: Callable[[], Awaitable[T]], deadline: float | None) -> T:

@@ -48,6 +48,7 @@ class JobKind(StrEnum):
 #: problem+json `type` of the queue's own failures.
 PROBLEM_RETRIES_EXHAUSTED = "urn:atefleet:problem:retries-exhausted"
 PROBLEM_CANCELLED = "urn:atefleet:problem:cancelled"
+PROBLEM_INVALID_RESULT = "urn:atefleet:problem:invalid-result"
 
 
 class QueueError(Exception):

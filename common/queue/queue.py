@@ -40,6 +40,9 @@ END_MARKER_TTL_MS = 10_000
 #: Entry id returned for the end marker of a job whose (output-less) stream has expired.
 SYNTHETIC_END_ID = "0-1"
 
+#: A `ready` consumer (worker id) idle this long with nothing pending is forgotten.
+CONSUMER_IDLE_PRUNE_MS = 3_600_000
+
 #: Session hash fields the queue owns; `update_session` refuses them.
 RESERVED_SESSION_FIELDS = frozenset({"epoch", "nid"})
 
@@ -51,8 +54,19 @@ def now_ms() -> int:
 
 
 def new_job_id() -> str:
-    """80 random bits, hex: unguessable and short (it is stored in every FIFO and event)."""
-    return os.urandom(10).hex()
+    """Creation time (unix ms, 11 hex digits) + 64 random bits: unguessable, sortable by age, and
+    telling an expired job (an id older than the TTL) from one that never existed."""
+    return f"{now_ms():011x}{os.urandom(8).hex()}"
+
+
+def job_id_created_s(job_id: str) -> float | None:
+    """The creation time (unix s) encoded in a job id, or None if it is not one of ours."""
+    if len(job_id) != 27:
+        return None
+    try:
+        return int(job_id[:11], 16) / 1000
+    except ValueError:
+        return None
 
 
 def fingerprint_of(job: NewJob) -> str:
@@ -202,10 +216,10 @@ class Queue:
                 raise
 
     async def read_ready(self, consumer: str, count: int, block_ms: int) -> list[tuple[str, str]]:
-        """New `ready` entries for this consumer: [(entry id, session)]. Blocks up to block_ms."""
+        """New `ready` entries for this consumer: [(entry id, session)]. Blocks up to block_ms (>0)."""
         try:
             got = await self.redis.xreadgroup(
-                READY_GROUP, consumer, {self.keys.ready: ">"}, count=count, block=block_ms
+                READY_GROUP, consumer, {self.keys.ready: ">"}, count=count, block=block_ms or None
             )
         except ResponseError as err:
             if "NOGROUP" not in str(err):
@@ -313,13 +327,31 @@ class Queue:
                 return notified
             start += page
 
+    async def prune_idle_consumers(self, idle_ms: int = CONSUMER_IDLE_PRUNE_MS) -> int:
+        """Forget `ready` consumers (worker ids) idle that long with nothing pending.
+
+        Every worker process start adds one; a live worker that was pruned is re-created by
+        its next read.
+        """
+        try:
+            consumers = await self.redis.xinfo_consumers(self.keys.ready, READY_GROUP)
+        except ResponseError:
+            return 0  # no stream or group yet
+        pruned = 0
+        for c in consumers:
+            if int(c["pending"]) == 0 and int(c["idle"]) >= idle_ms:
+                await self.redis.xgroup_delconsumer(self.keys.ready, READY_GROUP, text(c["name"]))
+                pruned += 1
+        return pruned
+
     async def repair(self) -> dict[str, int]:
-        """All four repairs, in the order that lets one pass fix a crashed worker's session."""
+        """Every repair, in the order that lets one pass fix a crashed worker's session."""
         return {
             "expired_leases": await self.repair_expired_leases(),
             "due_delayed": await self.notify_due_delayed(),
             "stale_ready": await self.claim_stale_ready(),
             "orphaned_work": await self.notify_orphaned_work(),
+            "idle_consumers": await self.prune_idle_consumers(),
         }
 
 

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 
-from common.queue.consumer import BACKOFF_MAX_S, BACKOFF_MIN_S, TRANSIENT
+from common.queue.leases import BACKOFF_MAX_S, BACKOFF_MIN_S, TRANSIENT
 from common.queue.models import JobRecord, text
 from common.queue.queue import Queue
 

@@ -66,7 +66,9 @@ def arg_opt_str(args: dict[str, Any], name: str) -> str | None:
     return value
 
 
-def arg_int(args: dict[str, Any], name: str, default: int | None = None, minimum: int | None = None) -> int | None:
+def arg_int(
+    args: dict[str, Any], name: str, default: int | None = None, minimum: int | None = None
+) -> int | None:
     value = args.get(name)
     if value is None:
         return default

@@ -42,7 +42,9 @@ def _command(args: dict[str, Any]) -> str:
 
 def _env(ctx: ToolContext, args: dict[str, Any], cwd: str) -> dict[str, str]:
     extra = args.get("env") or {}
-    if not isinstance(extra, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in extra.items()):
+    if not isinstance(extra, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in extra.items()
+    ):
         raise ToolError("'env' must be an object of string values")
     return command_env(ctx.paths.root, cwd, {**extra, **ctx.env})
 
@@ -77,7 +79,9 @@ async def run(ctx: ToolContext, args: dict[str, Any]) -> Result:
     return await _foreground(ctx, command, cwd, env, stdin, _timeout(ctx, args))
 
 
-async def _background(ctx: ToolContext, command: str, cwd: str, env: dict[str, str], stdin: str | None) -> Result:
+async def _background(
+    ctx: ToolContext, command: str, cwd: str, env: dict[str, str], stdin: str | None
+) -> Result:
     record = await ctx.processes.start(command, cwd, env, ctx.job_id)
     bp = ctx.processes.get(record.process_id)
     if stdin and bp.proc is not None and bp.proc.stdin is not None:
@@ -137,7 +141,10 @@ async def _supervise(
     ctx.canceller = cancel
     if proc.stdout is None or proc.stderr is None:
         raise ToolError("cannot start sh: no output pipes")
-    pumps = [asyncio.create_task(_pump(proc.stdout, ctx.stdout, ctx)), asyncio.create_task(_pump(proc.stderr, ctx.stderr, ctx))]
+    pumps = [
+        asyncio.create_task(_pump(proc.stdout, ctx.stdout, ctx)),
+        asyncio.create_task(_pump(proc.stderr, ctx.stderr, ctx)),
+    ]
     feeder = asyncio.create_task(_feed(proc, stdin)) if stdin is not None else None
     timed_out = False
     try:
@@ -160,7 +167,9 @@ async def _drain(pumps: list[asyncio.Task[None]]) -> None:
     await asyncio.gather(*pumps, return_exceptions=True)
 
 
-def _result(ctx: ToolContext, returncode: int, timed_out: bool, cancelled: bool, elapsed_s: float, timeout: float) -> Result:
+def _result(
+    ctx: ToolContext, returncode: int, timed_out: bool, cancelled: bool, elapsed_s: float, timeout: float
+) -> Result:
     exit_code, sig = exit_status(returncode)
     stdout, stderr = ctx.stdout.text(), ctx.stderr.text()
     result: Result = {

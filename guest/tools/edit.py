@@ -69,7 +69,9 @@ class _Editor:
     def write(self, text: str) -> None:
         data = text.encode("utf-8")
         if len(data) > self.ctx.limits["file_max_bytes"]:
-            raise limit_error("file_max_bytes", self.ctx.limits["file_max_bytes"], f"new content of {len(data)} bytes")
+            raise limit_error(
+                "file_max_bytes", self.ctx.limits["file_max_bytes"], f"new content of {len(data)} bytes"
+            )
         try:
             self.save_history()
             os.makedirs(os.path.dirname(self.real), exist_ok=True)
@@ -81,7 +83,9 @@ class _Editor:
         lines = text.split("\n")
         start = max(0, line - SNIPPET_LINES)
         shown = "\n".join(lines[start : line + SNIPPET_LINES + 1])
-        return f"The file {self.shown} has been edited. Here's a snippet of it:\n{_numbered(shown, start + 1)}"
+        return (
+            f"The file {self.shown} has been edited. Here's a snippet of it:\n{_numbered(shown, start + 1)}"
+        )
 
 
 async def _view(ed: _Editor) -> Result:
@@ -109,7 +113,9 @@ async def _create(ed: _Editor) -> Result:
     if not isinstance(text, str):
         raise ToolError("'file_text' argument is required (a string)")
     if os.path.lexists(ed.real):
-        raise ToolError(f"{ed.shown}: already exists; `create` cannot overwrite it (use write_file or str_replace)")
+        raise ToolError(
+            f"{ed.shown}: already exists; `create` cannot overwrite it (use write_file or str_replace)"
+        )
     ed.write(text)
     return {"output": f"File created successfully at: {ed.shown}", "path": ed.shown}
 
@@ -127,7 +133,9 @@ async def _str_replace(ed: _Editor) -> Result:
         raise ToolError(f"No replacement was performed: old_str did not appear verbatim in {ed.shown}.")
     if count > 1:
         lines = [text[:i].count("\n") + 1 for i in _positions(text, old)]
-        raise ToolError(f"No replacement was performed: old_str appears {count} times (lines {lines}); make it unique.")
+        raise ToolError(
+            f"No replacement was performed: old_str appears {count} times (lines {lines}); make it unique."
+        )
     at = text.index(old)
     new_text = text[:at] + new + text[at + len(old) :]
     ed.write(new_text)

@@ -41,7 +41,8 @@ def _walk(real: str, prefix: str, depth: int, out: list[dict[str, Any]]) -> bool
 
 
 def _line(entry: dict[str, Any]) -> str:
-    return entry["name"] + "/" if entry["type"] == "dir" else entry["name"]
+    name = str(entry["name"])
+    return name + "/" if entry["type"] == "dir" else name
 
 
 async def run(ctx: ToolContext, args: dict[str, Any]) -> Result:

@@ -27,8 +27,10 @@ def _status_text(info: dict[str, Any]) -> str:
     state = info["status"]
     if state == "exited":
         state += f" (exit code {info['exit_code']})"
-    return f"{info['process_id']} pid {info['pid']}: {state}; stdout {info['stdout_bytes']} bytes, " \
+    return (
+        f"{info['process_id']} pid {info['pid']}: {state}; stdout {info['stdout_bytes']} bytes, "
         f"stderr {info['stderr_bytes']} bytes; command: {info['command']}"
+    )
 
 
 async def _status(ctx: ToolContext, bp: BackgroundProcess, args: dict[str, Any]) -> Result:
@@ -112,7 +114,10 @@ async def _write_stdin(ctx: ToolContext, bp: BackgroundProcess, args: dict[str, 
             stdin.close()
     except (BrokenPipeError, ConnectionResetError) as err:
         raise ToolError(f"{bp.record.process_id}: stdin closed by the process") from err
-    return {"output": f"Wrote {len(data.encode())} bytes to {bp.record.process_id}", "bytes_written": len(data.encode())}
+    return {
+        "output": f"Wrote {len(data.encode())} bytes to {bp.record.process_id}",
+        "bytes_written": len(data.encode()),
+    }
 
 
 _ACTIONS: dict[str, Callable[[ToolContext, BackgroundProcess, dict[str, Any]], Awaitable[Result]]] = {

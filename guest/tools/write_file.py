@@ -77,4 +77,8 @@ async def run(ctx: ToolContext, args: dict[str, Any]) -> Result:
         write_atomic(real, data, mode)
     except OSError as err:
         raise os_error(err, shown) from err
-    return {"output": f"Successfully wrote {len(data)} bytes to {shown}", "path": shown, "bytes_written": len(data)}
+    return {
+        "output": f"Successfully wrote {len(data)} bytes to {shown}",
+        "path": shown,
+        "bytes_written": len(data),
+    }

@@ -23,6 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 #: API keys of the auth-enabled fleet: (key, environments it may use).
 KEY_ALICE = "ak_alice_0123456789abcdef"
 KEY_BOB = "ak_bob_0123456789abcdef"
+#: The auth fleet keeps finished jobs this long (s), so expiry can be seen in a test.
+AUTH_FLEET_JOB_TTL_S = 3
 
 
 def free_port() -> int:
@@ -127,6 +129,7 @@ def auth_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningFlee
         {"name": "bob", "sha256": hashlib.sha256(KEY_BOB.encode()).hexdigest(),
          "environments": ["other-env", "my-env"]},
     ]
-    running = start_fleet(tmp, base_config(tmp, free_port(), auth={"api_keys": keys}))
+    running = start_fleet(tmp, base_config(tmp, free_port(), auth={"api_keys": keys},
+                                           jobs={"sync_wait_s": 30, "ttl_s": AUTH_FLEET_JOB_TTL_S}))
     yield running
     running.stop()

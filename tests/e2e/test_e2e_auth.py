@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import time
 
-from tests.e2e.conftest import KEY_ALICE, KEY_BOB, RunningFleet
+from tests.e2e.conftest import AUTH_FLEET_JOB_TTL_S, KEY_ALICE, KEY_BOB, RunningFleet
 
 CALL = {"call_id": "a", "type": "function_call",
         "function": {"name": "bash", "arguments": json.dumps({"command": "echo hi"})}, "auto_resume": True}
@@ -35,3 +36,18 @@ def test_other_principals_job_is_404(auth_fleet: RunningFleet) -> None:
         assert bob.get(f"/v1/jobs/{job_id}").status_code == 404
         assert bob.post(f"/v1/jobs/{job_id}/cancel").status_code == 404
         assert bob.get(f"/v1/jobs/{job_id}/events").status_code == 404
+
+
+def test_expired_job_is_404_with_a_clear_type(auth_fleet: RunningFleet) -> None:
+    with auth_fleet.client(KEY_ALICE) as alice:
+        r = alice.post("/v1/environments/my-env/sessions/alice-exp", json=CALL, headers={"Prefer": "respond-async"})
+        job_id = r.json()["id"]
+        assert alice.get(f"/v1/jobs/{job_id}?wait=30").json()["state"] == "succeeded"
+        deadline = time.monotonic() + AUTH_FLEET_JOB_TTL_S + 10
+        while (gone := alice.get(f"/v1/jobs/{job_id}")).status_code == 200:
+            assert time.monotonic() < deadline, "the job outlived its TTL"
+            time.sleep(0.25)
+        assert gone.status_code == 404
+        assert gone.json()["type"].endswith("/job_expired")
+        unknown = alice.get("/v1/jobs/never-was-a-job")
+        assert unknown.status_code == 404 and unknown.json()["type"].endswith("/not_found")

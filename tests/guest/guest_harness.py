@@ -43,9 +43,21 @@ class GuestProc:
         return str(self.tmp / "guest.sock")
 
     async def start(self) -> None:
-        cmd = [sys.executable, "-m", "guest", "--uds", self.socket, "--workspace", str(self.workspace),
-               "--state-dir", str(self.state_dir), "--skills-dir", SKILLS_DIR,
-               "--max-processes", str(self.max_processes)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "guest",
+            "--uds",
+            self.socket,
+            "--workspace",
+            str(self.workspace),
+            "--state-dir",
+            str(self.state_dir),
+            "--skills-dir",
+            SKILLS_DIR,
+            "--max-processes",
+            str(self.max_processes),
+        ]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stderr=open(self.tmp / "guest.log", "ab"))
         async with GuestClient(GuestAddress(uds=self.socket)) as client:
             for _ in range(200):
@@ -77,8 +89,13 @@ def new_job_id() -> str:
     return f"job-{os.getpid()}-{next(_job_ids)}"
 
 
-async def call(client: GuestClient, tool: str, limits: dict[str, Any] | None = None,
-               env: dict[str, str] | None = None, **arguments: Any) -> dict[str, Any]:
+async def call(
+    client: GuestClient,
+    tool: str,
+    limits: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+    **arguments: Any,
+) -> dict[str, Any]:
     """Run one tool call to completion and return its result."""
     result, view = await client.run(new_job_id(), tool, arguments, limits=limits, env=env)  # type: ignore[arg-type]
     assert view["state"] == "finished"

@@ -7,8 +7,9 @@ import hashlib
 import os
 import time
 
-from common.guest_client import GuestClient
 from guest_harness import GuestProc, call, new_job_id
+
+from common.guest_client import GuestClient
 
 
 async def test_stdout_stderr_exit_zero(client: GuestClient) -> None:
@@ -52,7 +53,12 @@ async def test_non_utf8_output_is_replaced_not_fatal(client: GuestClient) -> Non
 
 async def test_huge_output_keeps_head_and_tail_with_marker(client: GuestClient) -> None:
     limits = {"output_max_bytes": 4096}
-    r = await call(client, "bash", limits=limits, command="echo HEAD; head -c 100000 /dev/zero | tr '\\0' x; echo; echo TAIL")
+    r = await call(
+        client,
+        "bash",
+        limits=limits,
+        command="echo HEAD; head -c 100000 /dev/zero | tr '\\0' x; echo; echo TAIL",
+    )
     assert r["truncated"] and r["stdout_bytes_dropped"] == 100011 - 4096
     assert r["stdout"].startswith("HEAD\n") and r["stdout"].endswith("TAIL\n")
     assert f"[... {r['stdout_bytes_dropped']} bytes truncated ...]" in r["stdout"]
@@ -87,7 +93,12 @@ async def test_timeout_above_the_limit_names_it(client: GuestClient) -> None:
 
 async def test_env_reaches_the_process_only(guest: GuestProc, client: GuestClient) -> None:
     secret = "s3cr3t-value-123"
-    r = await call(client, "bash", env={"MY_SECRET": secret}, command="printf %s \"$MY_SECRET\" | md5sum; echo $HOME; env | wc -l")
+    r = await call(
+        client,
+        "bash",
+        env={"MY_SECRET": secret},
+        command='printf %s "$MY_SECRET" | md5sum; echo $HOME; env | wc -l',
+    )
     lines = r["stdout"].splitlines()
     assert lines[0].split()[0] == hashlib.md5(secret.encode()).hexdigest()
     assert lines[1] == str(guest.workspace)
@@ -108,8 +119,9 @@ async def test_stdin_and_cwd(guest: GuestProc, client: GuestClient) -> None:
 
 async def test_cancel_signals_the_group(client: GuestClient) -> None:
     job = new_job_id()
-    view = await client.start({"job_id": job, "tool": "bash", "arguments": {"command": "echo go; sleep 60"},
-                               "wait_s": 1})
+    view = await client.start(
+        {"job_id": job, "tool": "bash", "arguments": {"command": "echo go; sleep 60"}, "wait_s": 1}
+    )
     assert view["state"] == "running" and view["stdout"] == "go\n"
     await client.cancel(job, "SIGTERM")
     done = await client.poll(job, view["stdout_offset"], view["stderr_offset"], wait_s=5)
@@ -123,7 +135,9 @@ async def test_max_processes_limit_is_named(tmp_path: object) -> None:
     try:
         async with g.client() as c:
             first = new_job_id()
-            await c.start({"job_id": first, "tool": "bash", "arguments": {"command": "sleep 30"}, "wait_s": 0.2})
+            await c.start(
+                {"job_id": first, "tool": "bash", "arguments": {"command": "sleep 30"}, "wait_s": 0.2}
+            )
             r = await call(c, "bash", command="true")
             assert r["is_error"] and "limits.max_processes (1)" in r["error"]
             await c.cancel(first, "SIGKILL")

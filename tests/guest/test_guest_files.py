@@ -20,7 +20,9 @@ async def test_write_then_read_utf8(guest: GuestProc, client: GuestClient) -> No
 
 async def test_binary_round_trip_128k_plus_3_via_base64(guest: GuestProc, client: GuestClient) -> None:
     data = os.urandom(128 * 1024 + 3)
-    w = await call(client, "write_file", path="blob.bin", content=base64.b64encode(data).decode(), encoding="base64")
+    w = await call(
+        client, "write_file", path="blob.bin", content=base64.b64encode(data).decode(), encoding="base64"
+    )
     assert w["bytes_written"] == len(data)
     assert (guest.workspace / "blob.bin").read_bytes() == data
     r = await call(client, "read_file", path="blob.bin", encoding="base64")
@@ -99,7 +101,9 @@ async def test_path_escapes_are_refused(guest: GuestProc, client: GuestClient, t
     assert outside.read_text() == "secret" and not (guest.tmp / "new.txt").exists()
 
 
-async def test_inside_symlink_and_dotdot_that_stays_inside_are_fine(guest: GuestProc, client: GuestClient) -> None:
+async def test_inside_symlink_and_dotdot_that_stays_inside_are_fine(
+    guest: GuestProc, client: GuestClient
+) -> None:
     (guest.workspace / "d").mkdir()
     (guest.workspace / "d/f.txt").write_text("inside")
     os.symlink("d/f.txt", guest.workspace / "ok-link")

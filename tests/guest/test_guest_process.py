@@ -8,13 +8,22 @@ from common.guest_client import GuestClient
 
 
 async def test_background_logs_by_offset_and_wait(client: GuestClient) -> None:
-    started = await call(client, "bash", background=True, command="for i in 1 2 3; do echo n$i; sleep 0.2; done; echo e >&2")
+    started = await call(
+        client, "bash", background=True, command="for i in 1 2 3; do echo n$i; sleep 0.2; done; echo e >&2"
+    )
     pid = started["process_id"]
     out_off = err_off = 0
     text = ""
     while True:
-        r = await call(client, "process", action="logs", process_id=pid, stdout_offset=out_off,
-                       stderr_offset=err_off, wait=5)
+        r = await call(
+            client,
+            "process",
+            action="logs",
+            process_id=pid,
+            stdout_offset=out_off,
+            stderr_offset=err_off,
+            wait=5,
+        )
         text += r["stdout"]
         out_off, err_off = r["stdout_offset"], r["stderr_offset"]
         if r["status"] == "exited" and not r["more"]:
@@ -45,9 +54,15 @@ async def test_kill_and_errors(client: GuestClient) -> None:
     assert (await call(client, "process", action="kill", process_id=pid))["delivered"]
     r = await call(client, "process", action="logs", process_id=pid, wait=5)
     assert r["status"] == "exited" and r["exit_code"] == 137
-    assert "no background process" in (await call(client, "process", action="status", process_id="proc_x"))["error"]
+    assert (
+        "no background process"
+        in (await call(client, "process", action="status", process_id="proc_x"))["error"]
+    )
     assert "'action'" in (await call(client, "process", action="dance", process_id=pid))["error"]
     assert "'action'" in (await call(client, "process"))["error"]
-    assert "'signal'" in (await call(client, "process", action="signal", process_id=pid, signal="SIGNOPE"))["error"]
+    assert (
+        "'signal'"
+        in (await call(client, "process", action="signal", process_id=pid, signal="SIGNOPE"))["error"]
+    )
     r = await call(client, "process", action="write_stdin", process_id=pid, data="x")
     assert r["is_error"] and "stdin is not open" in r["error"]

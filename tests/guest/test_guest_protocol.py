@@ -88,8 +88,14 @@ async def test_killed_guest_reports_interrupted_and_keeps_process_records(guest:
     job = new_job_id()
     async with guest.client() as c:
         bg = await call(c, "bash", background=True, command="exec sleep 120")
-        view = await c.start({"job_id": job, "tool": "bash", "wait_s": 0.3,
-                              "arguments": {"command": "echo started; echo $$ > fg.pid; sleep 5; echo ran >> ran.txt"}})
+        view = await c.start(
+            {
+                "job_id": job,
+                "tool": "bash",
+                "wait_s": 0.3,
+                "arguments": {"command": "echo started; echo $$ > fg.pid; sleep 5; echo ran >> ran.txt"},
+            }
+        )
         assert view["state"] == "running"
     guest.kill9()
     fg_pid = int((guest.workspace / "fg.pid").read_text())
@@ -142,8 +148,9 @@ class _CountingClient(GuestClient):
 
     durations: list[float]
 
-    async def poll(self, job_id: str, stdout_offset: int = 0, stderr_offset: int = 0,
-                   wait_s: float = 5.0) -> ExecutionView:
+    async def poll(
+        self, job_id: str, stdout_offset: int = 0, stderr_offset: int = 0, wait_s: float = 5.0
+    ) -> ExecutionView:
         began = time.monotonic()
         try:
             return await super().poll(job_id, stdout_offset, stderr_offset, wait_s)
@@ -158,8 +165,12 @@ async def test_sixty_second_command_through_short_polls(guest: GuestProc) -> Non
     async with _CountingClient(GuestAddress(uds=guest.socket), session=SESSION) as c:
         c.durations = []
         result, view = await c.run(
-            new_job_id(), "bash",
-            {"command": "i=1; while [ $i -le 60 ]; do echo line $i; echo err $i >&2; sleep 1; i=$((i+1)); done"},
+            new_job_id(),
+            "bash",
+            {
+                "command": "i=1; while [ $i -le 60 ]; do "
+                "echo line $i; echo err $i >&2; sleep 1; i=$((i+1)); done"
+            },
             on_output=lambda stream, data: chunks.append((stream, data)),
         )
     assert view["state"] == "finished" and result["exit_code"] == 0

@@ -23,12 +23,16 @@ async def test_list_gives_names_and_descriptions_only_and_reports_invalid(client
 async def test_activate_gives_body_and_bundled_files(client: GuestClient) -> None:
     r = await call(client, "activate_skill", name="pdf-processing")
     assert r["instructions"].startswith("# PDF processing")
-    assert r["files"] == [f"{SKILLS_DIR}/pdf-processing/reference.md",
-                          f"{SKILLS_DIR}/pdf-processing/scripts/extract.sh"]
+    assert r["files"] == [
+        f"{SKILLS_DIR}/pdf-processing/reference.md",
+        f"{SKILLS_DIR}/pdf-processing/scripts/extract.sh",
+    ]
     assert r["output"].endswith("Bundled files:\n" + "\n".join(r["files"]))
     # The bundled files are usable with the other tools (read-only for file tools).
     assert (await call(client, "read_file", path=r["files"][0]))["content"] == "# Table options\n"
-    assert (await call(client, "bash", command=f"{r['files'][1]} doc.pdf"))["stdout"] == "extracting doc.pdf\n"
+    assert (await call(client, "bash", command=f"{r['files'][1]} doc.pdf"))[
+        "stdout"
+    ] == "extracting doc.pdf\n"
     w = await call(client, "write_file", path=r["files"][0], content="x")
     assert w["is_error"] and "outside the workspace" in w["error"]
 

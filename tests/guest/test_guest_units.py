@@ -71,3 +71,28 @@ def test_frontmatter_split() -> None:
         split_frontmatter("no frontmatter")
     with pytest.raises(SkillInvalid):
         split_frontmatter("---\nname: a\n")
+
+
+def test_journal_replay_compaction_and_torn_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from guest import journal as jmod
+
+    monkeypatch.setattr(jmod, "KEEP_JOBS", 3)
+    monkeypatch.setattr(jmod, "COMPACT_AT", 6)
+    j = jmod.Journal(str(tmp_path))
+    big = {"output": "z" * (jmod.INLINE_RESULT_BYTES + 10)}
+    for i in range(8):
+        j.record_start(f"j{i}", "bash", f"cmd {i}")
+        j.record_end(f"j{i}", "finished", big if i == 7 else {"output": f"r{i}"})
+    j.record_start("running", "bash", "sleep")
+    assert "j0" not in j.entries and j.load_result("j5") == {"output": "r5"}
+    j.close()
+    with open(tmp_path / "journal.jsonl", "ab") as f:
+        f.write(b'{"e":"start","job":"torn"')  # a crash mid-write
+    j2 = jmod.Journal(str(tmp_path))
+    assert j2.load_result("j6") == {"output": "r6"} and j2.load_result("j7") == big
+    assert j2.entries["running"].state == "interrupted" and j2.load_result("running")["interrupted"]
+    j2.record_start("after", "stat", "")
+    j2.record_end("after", "finished", {"output": "ok"})
+    j2.close()
+    j3 = jmod.Journal(str(tmp_path))
+    assert j3.load_result("after") == {"output": "ok"} and "torn" not in j3.entries

@@ -144,3 +144,11 @@ async def test_forget_session_only_when_idle(queue: Queue) -> None:
     assert await queue.forget_session("env", "s1") is True
     assert await queue.get_session("env", "s1") is None
     assert await queue.list_sessions("env") == ([], None)
+
+
+async def test_concurrent_calls_batched_together_get_their_own_answers(queue: Queue) -> None:
+    # 100 enqueues in one loop turn travel in a few pipelines; each caller must get its own job
+    results = await asyncio.gather(*(queue.enqueue(job(f"b{n}", n)) for n in range(100)))
+    for n, res in enumerate(results):
+        rec = await queue.get_job(res.job_id)
+        assert rec is not None and rec.session_id == f"b{n}" and rec.payload == {"i": n}

@@ -317,3 +317,18 @@ async def test_scripts_flushed_from_redis_are_reloaded(queue: Queue, redis_clien
     await redis_client.script_flush()
     results = await asyncio.gather(*(queue.enqueue(job("s", i)) for i in range(1, 4)))
     assert all(r.created for r in results) and await queue.queue_depth("env", "s") == 4
+
+
+async def test_result_that_is_not_json_fails_the_job_instead_of_looping(
+    queue: Queue, start_consumer: StartConsumer
+) -> None:
+    async def handler(ctx: JobContext) -> dict[str, Any]:
+        return {"not json": object()} if ctx.job.payload["i"] == 0 else {}
+
+    ids = [(await queue.enqueue(job("s", i))).job_id for i in range(2)]
+    start_consumer(handler)
+    await wait_for(lambda: all_terminal(queue, ids), 5, "both jobs terminal")
+    bad, good = await queue.get_job(ids[0]), await queue.get_job(ids[1])
+    assert bad is not None and bad.state == JobState.FAILED and bad.error is not None
+    assert bad.error["type"] == "urn:atefleet:problem:invalid-result"
+    assert good is not None and good.state == JobState.SUCCEEDED

@@ -79,4 +79,17 @@ async def test_orphaned_work_is_notified_once(queue: Queue, redis_client: aiored
 
 async def test_repair_runs_all_passes(queue: Queue) -> None:
     counts = await queue.repair()
-    assert counts == {"expired_leases": 0, "due_delayed": 0, "stale_ready": 0, "orphaned_work": 0}
+    assert counts == {"expired_leases": 0, "due_delayed": 0, "stale_ready": 0, "orphaned_work": 0,
+                      "idle_consumers": 0}
+
+
+async def test_idle_consumers_without_pending_entries_are_pruned(queue: Queue) -> None:
+    await queue.ensure_group()
+    await queue.enqueue(job("s", 0))
+    await queue.enqueue(job("t", 0))
+    assert await queue.read_ready("holder", 1, 100)  # keeps a pending entry
+    [(entry, session)] = await queue.read_ready("gone", 1, 100)
+    assert (await queue.acquire(entry, session, "gone")).status == "ok"  # acknowledged
+    assert await queue.prune_idle_consumers(idle_ms=0) == 1
+    names = {c["name"] for c in await queue.redis.xinfo_consumers("af:ready", "workers")}
+    assert names == {b"holder"}
