@@ -162,7 +162,7 @@ class Supervisor:
         for child in self.children:
             child.start()
             if child.name == "local-substrate":
-                self._wait_substrate_ready()
+                self._wait_substrate_ready(child)
         self._announce(substrate_addr)
 
     def _substrate_status(self) -> dict[str, object] | None:
@@ -173,13 +173,17 @@ class Supervisor:
             return None
         return data if isinstance(data, dict) else None
 
-    def _wait_substrate_ready(self, timeout_s: float = 60.0) -> None:
+    def _wait_substrate_ready(self, child: Child, timeout_s: float = 60.0) -> None:
+        """Wait until local Substrate serves (it then writes status.json), or fail if it exits."""
         path = self.state_dir / "local-substrate" / "status.json"
         started = time.time()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if path.exists() and path.stat().st_mtime >= started - 1:
                 return
+            if child.process is not None and child.process.poll() is not None:
+                raise SystemExit(f"atefleet: local-substrate exited with {child.process.returncode} "
+                                 "at start (see its log above)")
             time.sleep(0.05)
         log.warning("local substrate did not report ready in time; continuing")
 

@@ -62,24 +62,45 @@ def base_config(tmp: Path, port: int, **overrides: Any) -> dict[str, Any]:
     skills = tmp / "skills"
     (skills / "hello").mkdir(parents=True, exist_ok=True)
     (skills / "hello" / "SKILL.md").write_text(
-        "---\nname: hello\ndescription: Says hello.\n---\nRun `echo hello`.\n")
+        "---\nname: hello\ndescription: Says hello.\n---\nRun `echo hello`.\n"
+    )
     cfg: dict[str, Any] = {
         "listen": f"127.0.0.1:{port}",
         "state_dir": str(tmp / "state"),
         "environments": [
-            {"name": "my-env", "template": "default-env-template", "atespace": "default",
-             "skills_dir": "/skills",
-             "allowed_tools": ["bash", "read_file", "write_file", "list_dir", "list_skills", "activate_skill",
-                               "edit", "process", "stat", "mkdir", "rm"],
-             "idle_timeout_s": 0},
+            {
+                "name": "my-env",
+                "template": "default-env-template",
+                "atespace": "default",
+                "skills_dir": "/skills",
+                "allowed_tools": [
+                    "bash",
+                    "read_file",
+                    "write_file",
+                    "list_dir",
+                    "list_skills",
+                    "activate_skill",
+                    "edit",
+                    "process",
+                    "stat",
+                    "mkdir",
+                    "rm",
+                ],
+                "idle_timeout_s": 0,
+            },
             {"name": "other-env", "template": "other-template", "atespace": "default", "idle_timeout_s": 0},
         ],
         "workers": {"processes": 2, "concurrency": 64, "lease_ttl_s": 3},
         "reconciler": {"period_s": 0.5},
-        "local_substrate": {"slots": 12, "stop_grace_s": 1,
-                            "templates": [{"name": "default-env-template", "skills_dir": str(skills)}]},
-        "webhooks": {"allow_private_targets": True,
-                     "secrets": {"test": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}},
+        "local_substrate": {
+            "slots": 12,
+            "stop_grace_s": 1,
+            "templates": [{"name": "default-env-template", "skills_dir": str(skills)}],
+        },
+        "webhooks": {
+            "allow_private_targets": True,
+            "secrets": {"test": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"},
+        },
         "jobs": {"sync_wait_s": 30},
     }
     cfg.update(overrides)
@@ -93,8 +114,13 @@ def start_fleet(tmp: Path, cfg: dict[str, Any]) -> RunningFleet:
     log_path = tmp / "fleet.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ATEFLEET_", "PROMETHEUS_"))}
     with log_path.open("wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "atefleet", "--config", str(config_path), "up"],
-                                cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "atefleet", "--config", str(config_path), "up"],
+            cwd=tmp,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     _, port = cfg["listen"].rsplit(":", 1)
     fleet = RunningFleet(f"http://127.0.0.1:{port}", proc, Path(cfg["state_dir"]), config_path, log_path)
     deadline = time.monotonic() + 60
@@ -125,11 +151,22 @@ def auth_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningFlee
     """A fleet with API keys: alice may use my-env, bob other-env."""
     tmp = tmp_path_factory.mktemp("auth-fleet")
     keys = [
-        {"name": "alice", "sha256": hashlib.sha256(KEY_ALICE.encode()).hexdigest(), "environments": ["my-env"]},
-        {"name": "bob", "sha256": hashlib.sha256(KEY_BOB.encode()).hexdigest(),
-         "environments": ["other-env", "my-env"]},
+        {
+            "name": "alice",
+            "sha256": hashlib.sha256(KEY_ALICE.encode()).hexdigest(),
+            "environments": ["my-env"],
+        },
+        {
+            "name": "bob",
+            "sha256": hashlib.sha256(KEY_BOB.encode()).hexdigest(),
+            "environments": ["other-env", "my-env"],
+        },
     ]
-    running = start_fleet(tmp, base_config(tmp, free_port(), auth={"api_keys": keys},
-                                           jobs={"sync_wait_s": 30, "ttl_s": AUTH_FLEET_JOB_TTL_S}))
+    running = start_fleet(
+        tmp,
+        base_config(
+            tmp, free_port(), auth={"api_keys": keys}, jobs={"sync_wait_s": 30, "ttl_s": AUTH_FLEET_JOB_TTL_S}
+        ),
+    )
     yield running
     running.stop()

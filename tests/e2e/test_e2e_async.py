@@ -16,13 +16,20 @@ ASYNC = {"Prefer": "respond-async"}
 
 
 def bash(command: str, call_id: str = "c", **extra: Any) -> dict[str, Any]:
-    return {"call_id": call_id, "type": "function_call",
-            "function": {"name": "bash", "arguments": json.dumps({"command": command})}, **extra}
+    return {
+        "call_id": call_id,
+        "type": "function_call",
+        "function": {"name": "bash", "arguments": json.dumps({"command": command})},
+        **extra,
+    }
 
 
 def read_log() -> dict[str, Any]:
-    return {"call_id": "r", "type": "function_call",
-            "function": {"name": "read_file", "arguments": json.dumps({"path": "log.txt"})}}
+    return {
+        "call_id": "r",
+        "type": "function_call",
+        "function": {"name": "read_file", "arguments": json.dumps({"path": "log.txt"})},
+    }
 
 
 def resume(c: httpx.Client, sid: str) -> str:
@@ -47,8 +54,17 @@ def test_202_location_and_job_json(fleet: RunningFleet) -> None:
         assert r.status_code == 202
         job = r.json()
         assert r.headers["location"] == f"/v1/jobs/{job['id']}"
-        for key in ("id", "state", "environment", "session", "created_at", "started_at", "finished_at",
-                    "result", "error"):
+        for key in (
+            "id",
+            "state",
+            "environment",
+            "session",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "result",
+            "error",
+        ):
             assert key in job
         done = wait_done(c, job["id"])
         assert done["state"] == "succeeded" and done["result"]["output"] == "hi\n"
@@ -58,7 +74,9 @@ def test_202_location_and_job_json(fleet: RunningFleet) -> None:
 def test_100_async_calls_on_one_session_keep_submission_order(fleet: RunningFleet) -> None:
     with fleet.client() as c:
         base = resume(c, f"order-{uuid.uuid4()}")
-        ids = [c.post(base, json=bash(f"echo {i} >> log.txt"), headers=ASYNC).json()["id"] for i in range(100)]
+        ids = [
+            c.post(base, json=bash(f"echo {i} >> log.txt"), headers=ASYNC).json()["id"] for i in range(100)
+        ]
         assert all(wait_done(c, i)["state"] == "succeeded" for i in ids)
         lines = c.post(base, json=read_log()).json()["output"].split()
     assert lines == [str(i) for i in range(100)]
@@ -68,8 +86,9 @@ def test_50_sessions_x_20_async_calls_each_keep_their_order(fleet: RunningFleet)
     def run(sid: str) -> list[str]:
         with fleet.client() as c:
             base = resume(c, sid)
-            ids = [c.post(base, json=bash(f"echo {i} >> log.txt"), headers=ASYNC).json()["id"]
-                   for i in range(20)]
+            ids = [
+                c.post(base, json=bash(f"echo {i} >> log.txt"), headers=ASYNC).json()["id"] for i in range(20)
+            ]
             assert all(wait_done(c, i)["state"] == "succeeded" for i in ids)
             out = c.post(base, json=read_log()).json()["output"].split()
             c.post(f"{base}/suspend")
@@ -91,8 +110,9 @@ def test_long_poll_returns_when_the_job_ends(fleet: RunningFleet) -> None:
     assert took < 10, took  # far below the 30 s wait: it returned when the job ended
 
 
-def _sse(c: httpx.Client, job_id: str, last_id: str | None = None,
-         stop_after: int | None = None) -> list[tuple[str | None, str, dict[str, Any], float]]:
+def _sse(
+    c: httpx.Client, job_id: str, last_id: str | None = None, stop_after: int | None = None
+) -> list[tuple[str | None, str, dict[str, Any], float]]:
     headers = {"Last-Event-ID": last_id} if last_id else {}
     events: list[tuple[str | None, str, dict[str, Any], float]] = []
     with c.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers, timeout=60) as r:
@@ -134,8 +154,10 @@ def test_batch_keeps_array_order_per_session(fleet: RunningFleet) -> None:
     with fleet.client() as c:
         for sid in sids:
             resume(c, sid)
-        calls = [{"environment": "my-env", "session": sids[i % 3], **bash(f"echo {i} >> log.txt")}
-                 for i in range(30)]
+        calls = [
+            {"environment": "my-env", "session": sids[i % 3], **bash(f"echo {i} >> log.txt")}
+            for i in range(30)
+        ]
         r = c.post("/v1/jobs:batch", json={"calls": calls})
         assert r.status_code == 202, r.text
         assert all(wait_done(c, j["id"])["state"] == "succeeded" for j in r.json()["jobs"])

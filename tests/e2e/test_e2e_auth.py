@@ -7,8 +7,12 @@ import time
 
 from tests.e2e.conftest import AUTH_FLEET_JOB_TTL_S, KEY_ALICE, KEY_BOB, RunningFleet
 
-CALL = {"call_id": "a", "type": "function_call",
-        "function": {"name": "bash", "arguments": json.dumps({"command": "echo hi"})}, "auto_resume": True}
+CALL = {
+    "call_id": "a",
+    "type": "function_call",
+    "function": {"name": "bash", "arguments": json.dumps({"command": "echo hi"})},
+    "auto_resume": True,
+}
 
 
 def test_wrong_or_missing_token_is_401(auth_fleet: RunningFleet) -> None:
@@ -28,8 +32,9 @@ def test_other_environment_is_403(auth_fleet: RunningFleet) -> None:
 
 def test_other_principals_job_is_404(auth_fleet: RunningFleet) -> None:
     with auth_fleet.client(KEY_ALICE) as alice, auth_fleet.client(KEY_BOB) as bob:
-        r = alice.post("/v1/environments/my-env/sessions/alice-1", json=CALL,
-                       headers={"Prefer": "respond-async"})
+        r = alice.post(
+            "/v1/environments/my-env/sessions/alice-1", json=CALL, headers={"Prefer": "respond-async"}
+        )
         assert r.status_code == 202, r.text
         job_id = r.json()["id"]
         assert alice.get(f"/v1/jobs/{job_id}?wait=30").json()["state"] == "succeeded"
@@ -40,7 +45,9 @@ def test_other_principals_job_is_404(auth_fleet: RunningFleet) -> None:
 
 def test_expired_job_is_404_with_a_clear_type(auth_fleet: RunningFleet) -> None:
     with auth_fleet.client(KEY_ALICE) as alice:
-        r = alice.post("/v1/environments/my-env/sessions/alice-exp", json=CALL, headers={"Prefer": "respond-async"})
+        r = alice.post(
+            "/v1/environments/my-env/sessions/alice-exp", json=CALL, headers={"Prefer": "respond-async"}
+        )
         job_id = r.json()["id"]
         assert alice.get(f"/v1/jobs/{job_id}?wait=30").json()["state"] == "succeeded"
         deadline = time.monotonic() + AUTH_FLEET_JOB_TTL_S + 10

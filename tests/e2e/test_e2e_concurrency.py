@@ -10,13 +10,19 @@ from tests.e2e.conftest import RunningFleet
 
 
 def _append(line: str) -> dict[str, object]:
-    return {"call_id": line, "type": "function_call",
-            "function": {"name": "bash", "arguments": json.dumps({"command": f"echo {line} >> log.txt"})}}
+    return {
+        "call_id": line,
+        "type": "function_call",
+        "function": {"name": "bash", "arguments": json.dumps({"command": f"echo {line} >> log.txt"})},
+    }
 
 
 def _read_log() -> dict[str, object]:
-    return {"call_id": "read", "type": "function_call",
-            "function": {"name": "read_file", "arguments": json.dumps({"path": "log.txt"})}}
+    return {
+        "call_id": "read",
+        "type": "function_call",
+        "function": {"name": "read_file", "arguments": json.dumps({"path": "log.txt"})},
+    }
 
 
 def test_100_concurrent_sync_calls_on_one_session_all_run_one_at_a_time(fleet: RunningFleet) -> None:
@@ -27,11 +33,20 @@ def test_100_concurrent_sync_calls_on_one_session_all_run_one_at_a_time(fleet: R
 
     def call(i: int) -> int:
         with fleet.client() as c:
-            body = {"call_id": f"c{i}", "type": "function_call", "function": {
-                "name": "bash",
-                # one at a time: a lock file that must not exist when a call starts
-                "arguments": json.dumps({"command": f"test ! -e busy && touch busy && echo {i} >> log.txt; "
-                                                    f"r=$?; rm -f busy; exit $r"})}}
+            body = {
+                "call_id": f"c{i}",
+                "type": "function_call",
+                "function": {
+                    "name": "bash",
+                    # one at a time: a lock file that must not exist when a call starts
+                    "arguments": json.dumps(
+                        {
+                            "command": f"test ! -e busy && touch busy && echo {i} >> log.txt; "
+                            f"r=$?; rm -f busy; exit $r"
+                        }
+                    ),
+                },
+            }
             r = c.post(base, json=body)
             assert r.status_code == 200, r.text
             return int(r.json()["exit_code"])

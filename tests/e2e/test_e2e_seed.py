@@ -14,8 +14,12 @@ SECRET = "c3ebfdfdk12345-do-not-keep"
 
 
 def _call(command: str, call_id: str = "c1", **extra: object) -> dict[str, object]:
-    return {"call_id": call_id, "type": "function_call",
-            "function": {"name": "bash", "arguments": json.dumps({"command": command})}, **extra}
+    return {
+        "call_id": call_id,
+        "type": "function_call",
+        "function": {"name": "bash", "arguments": json.dumps({"command": command})},
+        **extra,
+    }
 
 
 def _redis(fleet: RunningFleet) -> redis.Redis:
@@ -46,12 +50,17 @@ def test_seed_explicit_lifecycle(fleet: RunningFleet) -> None:
         assert r.json()["status"] == "ok"
     # then the secret is nowhere in Redis, the logs, or any job's JSON
     db = _redis(fleet)
+    readers = {
+        "string": db.get,
+        "hash": db.hgetall,
+        "list": lambda k: db.lrange(k, 0, -1),
+        "stream": db.xrange,
+        "zset": lambda k: db.zrange(k, 0, -1),
+        "set": db.smembers,
+    }
     for key in db.scan_iter(count=1000):
-        t = db.type(key).decode()
-        dump = {"string": lambda: db.get(key), "hash": lambda: db.hgetall(key), "list": lambda: db.lrange(key, 0, -1),
-                "stream": lambda: db.xrange(key), "zset": lambda: db.zrange(key, 0, -1),
-                "set": lambda: db.smembers(key)}.get(t, lambda: b"")()
-        assert SECRET.encode() not in repr(dump).encode(), key
+        value = readers.get(db.type(key).decode(), lambda k: b"")(key)
+        assert SECRET.encode() not in repr(value).encode(), key
     assert SECRET not in fleet.log()
 
 
@@ -76,8 +85,7 @@ def test_call_on_suspended_session_without_auto_resume_is_a_clear_conflict(fleet
 
 def test_tool_not_allowed_is_answered_like_the_seed(fleet: RunningFleet) -> None:
     with fleet.client() as c:
-        body = {"call_id": "x", "type": "function_call",
-                "function": {"name": "edit", "arguments": "{}"}}
+        body = {"call_id": "x", "type": "function_call", "function": {"name": "edit", "arguments": "{}"}}
         r = c.post("/v1/environments/other-env/sessions/s1", json=body)
         assert r.status_code == 200
         assert r.json()["type"] == "function_call_output" and r.json()["call_id"] == "x"
@@ -86,10 +94,19 @@ def test_tool_not_allowed_is_answered_like_the_seed(fleet: RunningFleet) -> None
 def test_file_survives_suspend_and_resume(fleet: RunningFleet) -> None:
     sid = str(uuid.uuid4())
     base = f"/v1/environments/my-env/sessions/{sid}"
-    write = {"call_id": "w", "type": "function_call",
-             "function": {"name": "write_file", "arguments": json.dumps({"path": "notes/a.txt", "content": "kept"})}}
-    read = {"call_id": "r", "type": "function_call",
-            "function": {"name": "read_file", "arguments": json.dumps({"path": "notes/a.txt"})}}
+    write = {
+        "call_id": "w",
+        "type": "function_call",
+        "function": {
+            "name": "write_file",
+            "arguments": json.dumps({"path": "notes/a.txt", "content": "kept"}),
+        },
+    }
+    read = {
+        "call_id": "r",
+        "type": "function_call",
+        "function": {"name": "read_file", "arguments": json.dumps({"path": "notes/a.txt"})},
+    }
     with fleet.client() as c:
         assert c.post(f"{base}/resume").status_code == 200
         assert c.post(base, json=write).status_code == 200

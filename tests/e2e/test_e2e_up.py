@@ -1,0 +1,188 @@
+"""`atefleet up` as an operator sees it: supervision, clean shutdown, state reuse, metrics, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import RunningFleet, base_config, free_port, start_fleet
+
+
+def _children(fleet: RunningFleet) -> dict[str, int]:
+    """Role → pid of the fleet's children, read from their command lines (as `ps` shows them)."""
+    roles: dict[str, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == fleet.process.pid and b"atefleet" in cmd:
+            args = [c.decode() for c in cmd if c]
+            role = args[args.index("atefleet") + 1]
+            roles[role if role != "worker" else f"worker-{args[-1]}"] = int(entry.name)
+    return roles
+
+
+def _wait(cond: object, timeout_s: float = 30, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():  # type: ignore[operator]
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _ready(fleet: RunningFleet) -> bool:
+    try:
+        return httpx.get(f"{fleet.url}/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _bash(c: httpx.Client, sid: str, command: str) -> dict[str, object]:
+    body = {
+        "call_id": "c",
+        "type": "function_call",
+        "function": {"name": "bash", "arguments": json.dumps({"command": command})},
+    }
+    r = c.post(f"/v1/environments/my-env/sessions/{sid}", json=body)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A short state dir: unix socket paths under it must fit in 107 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="af-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_killed_children_are_restarted_and_ctrl_c_leaves_nothing(short_tmp: Path) -> None:
+    fleet = start_fleet(short_tmp, base_config(short_tmp, free_port()))
+    try:
+        _supervision_and_clean_stop(fleet, short_tmp)
+    finally:
+        fleet.stop()
+
+
+def _supervision_and_clean_stop(fleet: RunningFleet, tmp_path: Path) -> None:
+    roles = _children(fleet)
+    assert {"api", "reconciler", "webhooks", "local-substrate", "worker-w0", "worker-w1"} <= set(roles)
+    with fleet.client() as c:
+        assert c.post("/v1/environments/my-env/sessions/keep/resume").status_code == 200
+        _bash(c, "keep", "echo survived > kept.txt")
+    # when any child is SIGKILLed, then it is noticed and restarted
+    for role in ("worker-w0", "api", "reconciler"):
+        os.kill(roles[role], signal.SIGKILL)
+        _wait(lambda r=role: _children(fleet).get(r) not in (None, roles[r]), what=f"{role} restart")
+    _wait(lambda: _ready(fleet), what="api ready again")
+    assert "restarting" in fleet.log()
+    # when Ctrl-C, then every process ends and no lock is left
+    pids = set(_children(fleet).values()) | {fleet.process.pid}
+    fleet.process.send_signal(signal.SIGINT)
+    fleet.process.wait(60)
+    assert fleet.process.returncode == 0, fleet.log()
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    # and the next start reuses the state dir: the session and its files are still there
+    again = start_fleet(tmp_path, json.loads(json.dumps(_config_of(fleet))))
+    try:
+        with again.client() as c:
+            assert c.post("/v1/environments/my-env/sessions/keep/resume").json()["cold_start"] is False
+            assert _bash(c, "keep", "cat kept.txt")["output"] == "survived\n"
+    finally:
+        again.stop()
+
+
+def _config_of(fleet: RunningFleet) -> dict[str, object]:
+    import yaml
+
+    return dict(yaml.safe_load(fleet.config_path.read_text()))
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name) or line.startswith("#"):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_metrics_move_under_a_small_load(fleet: RunningFleet) -> None:
+    with fleet.client() as c:
+        before = c.get("/metrics").text
+        assert c.post("/v1/environments/my-env/sessions/metrics-1/resume").status_code == 200
+        for _ in range(5):
+            _bash(c, "metrics-1", "true")
+        after = c.get("/metrics").text
+    for name, labels in (
+        ("atefleet_jobs_finished_total", {"kind": "tool", "state": "succeeded"}),
+        ("atefleet_jobs_enqueued_total", {"kind": "tool"}),
+        ("atefleet_guest_call_seconds_count", {"tool": "bash"}),
+        ("atefleet_actor_op_seconds_count", {}),
+    ):
+        assert _metric(after, name, **labels) > _metric(before, name, **labels), name
+    for name in (
+        "atefleet_queue_depth",
+        "atefleet_oldest_queued_job_age_seconds",
+        "atefleet_sessions",
+        "atefleet_lease_losses_total",
+    ):
+        assert re.search(rf"^# TYPE {name}", after, re.M), name
+
+
+def test_cli_exec_sessions_and_jobs(fleet: RunningFleet) -> None:
+    env = {**os.environ, "ATEFLEET_API_URL": fleet.url}
+    cli = [sys.executable, "-m", "atefleet"]
+    out = subprocess.run(
+        [*cli, "exec", "my-env", "cli-1", "--", "echo from-cli; exit 3"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.stdout == "from-cli\n" and out.returncode == 3, out.stderr
+    ls = subprocess.run(
+        [*cli, "sessions", "ls", "my-env"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert ls.returncode == 0 and "cli-1" in ls.stdout and "SESSION" in ls.stdout
+    show = subprocess.run(
+        [*cli, "sessions", "show", "my-env", "cli-1"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert "running" in show.stdout
+    with httpx.Client(base_url=fleet.url) as c:
+        body = {
+            "call_id": "j",
+            "type": "function_call",
+            "function": {"name": "bash", "arguments": json.dumps({"command": "true"})},
+        }
+        job = c.post(
+            "/v1/environments/my-env/sessions/cli-1", json=body, headers={"Prefer": "respond-async"}
+        ).json()
+    shown = subprocess.run(
+        [*cli, "jobs", "show", job["id"]], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert json.loads(shown.stdout)["id"] == job["id"]
+    sus = subprocess.run(
+        [*cli, "sessions", "suspend", "my-env", "cli-1"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert sus.returncode == 0 and '"ok"' in sus.stdout
