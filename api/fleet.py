@@ -53,7 +53,9 @@ class Fleet:
         return job
 
 
-def get_fleet(request: Request) -> Fleet:
+async def get_fleet(request: Request) -> Fleet:
+    # async on purpose: FastAPI runs plain `def` dependencies in its threadpool (a thread hop
+    # per request for a dict lookup).
     fleet: Fleet = request.app.state.fleet
     return fleet
 

@@ -51,6 +51,7 @@ from bench.e2e import (  # noqa: E402
     READ_SMALL,
     WRITE_SMALL,
     Conn,
+    at_start_line,
     cpu_by_role,
     load_average,
     p50,
@@ -130,8 +131,7 @@ async def submit_phase(fleet: RunningFleet, sids: list[str], jobs: int) -> dict[
 
     async def session(sid: str) -> None:
         conn = await Conn.tcp(fleet.url)
-        await conn.request("GET", "/healthz")  # connected before the clock matters
-        await go.wait()
+        await at_start_line(start, conn.request("GET", "/healthz"))  # connected before the clock starts
         for i in range(jobs):
             status, job = await conn.request("POST", session_path(sid), read_call(i), ASYNC)
             if status != 202:
@@ -141,11 +141,10 @@ async def submit_phase(fleet: RunningFleet, sids: list[str], jobs: int) -> dict[
         await wait_done(conn, ids[sid][-1])
         await conn.close()
 
-    go = asyncio.Event()
+    start = asyncio.Barrier(len(sids) + 1)
     tasks = [asyncio.create_task(session(s)) for s in sids]
-    await asyncio.sleep(0.5)
+    await start.wait()
     cpu0, began = cpu_by_role(fleet.process.pid), time.perf_counter()
-    go.set()
     await asyncio.gather(*tasks)
     cpu1, n = cpu_by_role(fleet.process.pid), len(sids) * jobs
     submit_per_s = n / (max(accepted_at) - began)

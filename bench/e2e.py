@@ -218,7 +218,8 @@ def fleet_children(up_pid: int) -> dict[int, str]:
 
 def cpu_by_role(up_pid: int) -> dict[str, float]:
     """CPU seconds used so far per role; the actors' guests (and their commands) count as `guests`."""
-    table, out = _proc_table(), {}
+    table = _proc_table()
+    out: dict[str, float] = {}
     children = {pid: _role(table[pid][1]) for pid, (ppid, _, _) in table.items() if ppid == up_pid}
     for pid, (_, _, cpu) in table.items():
         top, cur = None, pid
@@ -351,6 +352,16 @@ async def latency(fleet: RunningFleet, guest_sock: str, n: int) -> dict[str, lis
 # Throughput: many sessions, concurrent clients
 
 
+async def at_start_line(start: asyncio.Barrier, warm_up: Awaitable[Any]) -> None:
+    """Warm up, then wait for every other task at `start`; a failure breaks the barrier for all."""
+    try:
+        await warm_up
+    except BaseException:
+        await start.abort()
+        raise
+    await start.wait()
+
+
 async def throughput(fleet: RunningFleet, sids: list[str], calls: int, body: dict[str, Any],
                      client: httpx.AsyncClient | None = None) -> dict[str, Any]:
     """Each session's task makes `calls` sequential sync calls (own connection, or `client`).
@@ -360,20 +371,21 @@ async def throughput(fleet: RunningFleet, sids: list[str], calls: int, body: dic
     per_call: list[float] = []
 
     async def session(sid: str) -> None:
-        if client is not None:
-            per_call.extend(await timed_ms(fleet_call_httpx(client, sid, body), calls))
-            return
-        conn = await Conn.tcp(fleet.url)
-        await fleet_call(conn, sid, body)()  # connect and warm before the clock matters
-        await ready.wait()
-        per_call.extend(await timed_ms(fleet_call(conn, sid, body), calls))
-        await conn.close()
+        conn = None
+        if client is None:
+            conn = await Conn.tcp(fleet.url)
+            call = fleet_call(conn, sid, body)
+        else:
+            call = fleet_call_httpx(client, sid, body)
+        await at_start_line(start, call())  # connected and warm before the clock starts
+        per_call.extend(await timed_ms(call, calls))
+        if conn is not None:
+            await conn.close()
 
-    ready = asyncio.Event()
+    start = asyncio.Barrier(len(sids) + 1)
     tasks = [asyncio.create_task(session(s)) for s in sids]
-    await asyncio.sleep(0.5 if client is None else 0)
+    await start.wait()
     cpu0, roles0, began = time.process_time(), cpu_by_role(fleet.process.pid), time.perf_counter()
-    ready.set()
     await asyncio.gather(*tasks)
     elapsed = time.perf_counter() - began
     roles1, n = cpu_by_role(fleet.process.pid), len(sids) * calls

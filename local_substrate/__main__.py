@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 
 from common.config import ConfigError, load_config
 from common.logs import setup_logging
 from common.metrics import serve_role_endpoints
+from common.signals import stop_on_signals
 from local_substrate.server import LocalSubstrate
 
 
@@ -33,11 +33,7 @@ async def serve(args: argparse.Namespace) -> None:
     await server.start()
     endpoints = (await serve_role_endpoints("0.0.0.0", args.metrics_port, lambda: True)
                  if args.metrics_port else None)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await stop_on_signals().wait()
     if endpoints is not None:
         endpoints.close()
     await server.stop()

@@ -9,13 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 
 import redis.asyncio as aioredis
 
 from common.config import Config
 from common.metrics import serve_role_endpoints
 from common.routing import substrate_address
+from common.signals import stop_on_signals
 from common.substrate import make_substrate_client
 from reconciler.service import Reconciler, default_instance_id
 
@@ -43,16 +43,10 @@ async def serve_reconciler(config: Config, stop: asyncio.Event, instance_id: str
         log.info("reconciler stopped")
 
 
-def _stop_on_signals() -> asyncio.Event:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    return stop
 
 
 async def _main(config: Config, metrics_port: int) -> None:
-    await serve_reconciler(config, _stop_on_signals(), metrics_port=metrics_port)
+    await serve_reconciler(config, stop_on_signals(), metrics_port=metrics_port)
 
 
 def run_reconciler(config: Config, metrics_port: int) -> None:

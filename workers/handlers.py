@@ -101,7 +101,6 @@ class JobHandlers:
                 self.actors.forget(ctx.job.session)
                 raise RetryLater(f"guest unavailable: {err}") from err
         self.actors.guest_answered(ctx.job.session)
-        await ctx.update_session(last_activity=str(time.time()))
         if auto_resume and not await self._next_call_resumes(ctx):
             # Seed semantics: resume before, suspend after; skipped when the next queued job
             # would resume again at once (coalescing saves a snapshot and a restore).
@@ -114,6 +113,8 @@ class JobHandlers:
 
     async def _env_variables(self, ctx: JobContext) -> dict[str, str]:
         """The call's env vars, opened from their sealed form; deleted from Redis as they are taken."""
+        if not ctx.job.payload.get("env_names"):
+            return {}  # nothing sealed: skip the round trip
         secrets = await ctx.take_secrets()
         if not secrets or SEALED_ENV_KEY not in secrets:
             return {}

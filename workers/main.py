@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import socket
 
 import redis.asyncio as aioredis
@@ -21,6 +20,7 @@ from common.metrics import serve_role_endpoints
 from common.queue import Consumer, Queue
 from common.routing import make_router, substrate_address
 from common.secret_box import SecretBox, load_key
+from common.signals import stop_on_signals
 from common.substrate import make_substrate_client
 from workers.actors import ActorKeeper
 from workers.handlers import JobHandlers
@@ -37,7 +37,7 @@ async def serve_worker(config: Config, worker_id: str, metrics_port: int = 0,
     """Run until `stop` is set (or SIGTERM/SIGINT when `stop` is None)."""
     if not config.redis.url:
         raise SystemExit("atefleet worker: redis.url (or $ATEFLEET_REDIS_URL) is required")
-    stop = stop or _stop_on_signals()
+    stop = stop or stop_on_signals()
     redis = aioredis.Redis.from_url(config.redis.url, max_connections=config.workers.concurrency * 2 + 16,
                                     socket_keepalive=True, health_check_interval=30)
     substrate = make_substrate_client(config, substrate_address(config))
@@ -65,12 +65,6 @@ async def serve_worker(config: Config, worker_id: str, metrics_port: int = 0,
         log.info("worker stopped")
 
 
-def _stop_on_signals() -> asyncio.Event:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    return stop
 
 
 def run_worker(config: Config, worker_id: str, metrics_port: int) -> None:

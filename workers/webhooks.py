@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import signal
 import socket
 import time
 from typing import Any, Protocol
@@ -39,6 +38,7 @@ from common.job_json import rfc3339
 from common.logs import log_context, redact
 from common.metrics import WEBHOOK_ATTEMPTS, serve_role_endpoints
 from common.queue import JobRecord, Keys, Queue
+from common.signals import stop_on_signals
 from workers.webhook_feeder import EventFeeder
 from workers.webhook_sender import AttemptOutcome, WebhookSender, next_delay_s
 from workers.webhook_target import make_client
@@ -266,7 +266,7 @@ async def serve_deliverer(
     """Deliver callbacks until `stop` is set (SIGTERM/SIGINT when `stop` is None)."""
     if not redis_url:
         raise SystemExit("atefleet webhooks: redis.url (or $ATEFLEET_REDIS_URL) is required")
-    stop = stop or _stop_on_signals()
+    stop = stop or stop_on_signals()
     deliverer = Deliverer(config, redis_url)
     await deliverer.start()
     endpoints = await serve_role_endpoints("0.0.0.0", metrics_port, lambda: True) if metrics_port else None
@@ -282,11 +282,3 @@ async def serve_deliverer(
 def run_deliverer(config: Config, redis_url: str, metrics_port: int = 0) -> None:
     """Entry point of `atefleet webhooks`."""
     asyncio.run(serve_deliverer(config, redis_url, metrics_port))
-
-
-def _stop_on_signals() -> asyncio.Event:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    return stop

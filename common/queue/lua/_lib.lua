@@ -95,6 +95,8 @@ local function finish(jid, session, state, field, value, now)
     redis.call('PEXPIRE', ok, END_TTL_MS)
   end
   emit(jid, session, state, now, f[2])
+  -- A finished job is session activity (what idle suspension measures from), in unix seconds.
+  redis.call('HSET', sess_key(session), 'last_activity', string.format('%.3f', tonumber(now) / 1000))
   redis.call('PUBLISH', CH_DONE, jid .. ' ' .. state)
   if redis.call('LLEN', fifo) == 0 then redis.call('ZREM', K_WORK, session) end
   return true
