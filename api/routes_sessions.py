@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 
 from api.fleet import FleetDep, PrincipalDep
 from api.problems import NotFound
+from api.session_view import session_view
 from api.submit import answer, enqueue, tool_job, wants_async
 from api.tool_calls import decode_json_body, fingerprint, parse_tool_call
 from common.queue import JobKind, NewJob
@@ -76,9 +77,9 @@ async def execute(fleet: FleetDep, principal: PrincipalDep, request: Request, en
 
 @router.get("/{sid}", summary="The session's state, actor, activity, queue and processes")
 async def show(fleet: FleetDep, principal: PrincipalDep, env: str, sid: Sid) -> dict[str, Any]:
-    fleet.environment(env)
+    environment = fleet.environment(env)
     principal.check(env, sid)
-    info = await fleet.queue.get_session(env, sid)
+    info = await session_view(fleet.queue, environment, sid)
     if info is None:
         raise NotFound(f"session {sid!r} does not exist in {env!r}", environment=env, session=sid)
     return info
@@ -87,10 +88,9 @@ async def show(fleet: FleetDep, principal: PrincipalDep, env: str, sid: Sid) -> 
 @router.get("", summary="Sessions of an environment, paginated")
 async def list_sessions(fleet: FleetDep, principal: PrincipalDep, env: str, cursor: str = "",
                         limit: int = Query(100, ge=1, le=1000)) -> dict[str, Any]:
-    fleet.environment(env)
     principal.check(env, None)
+    environment = fleet.environment(env)
     ids, next_cursor = await fleet.queue.list_sessions(env, cursor, limit)
     visible = [sid for sid in ids if principal.may_use(env, sid)]
-    infos = await asyncio.gather(*(fleet.queue.get_session(env, sid) for sid in visible))
-    return {"sessions": [{"session": sid, **(info or {})} for sid, info in zip(visible, infos, strict=True)],
-            "next_cursor": next_cursor}
+    views = await asyncio.gather(*(session_view(fleet.queue, environment, sid) for sid in visible))
+    return {"sessions": [v for v in views if v is not None], "next_cursor": next_cursor}

@@ -269,7 +269,7 @@ class ActorKeeper:
             raise _infra(err) from err
         took_ms = round((time.monotonic() - started) * 1000, 1)
         LIFECYCLE_LATENCY.labels(op="suspend").observe(took_ms / 1000)
-        await ctx.update_session(state="suspended", last_suspend_ms=str(took_ms))
+        await ctx.update_session(state="suspended", last_suspend_ms=str(took_ms), background_processes="[]")
         return {"status": "ok", "duration_ms": took_ms}
 
     async def destroy(self, ctx: JobContext, keep_snapshot: bool) -> dict[str, Any]:

@@ -8,6 +8,7 @@ A tool's own failure (exit 1, file not found) is a successful job whose result s
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -101,11 +102,21 @@ class JobHandlers:
                 self.actors.forget(ctx.job.session)
                 raise RetryLater(f"guest unavailable: {err}") from err
         self.actors.guest_answered(ctx.job.session)
+        tool, arguments = payload["name"], payload.get("arguments") or {}
+        if tool == "process" or (tool == "bash" and arguments.get("background")):
+            await self._record_background(ctx, guest)
         if auto_resume and not await self._next_call_resumes(ctx):
             # Seed semantics: resume before, suspend after; skipped when the next queued job
             # would resume again at once (coalescing saves a snapshot and a restore).
             await self.actors.suspend(ctx, force=True)
         return render_result(ToolCall.from_job_payload(payload), result)
+
+    async def _record_background(self, ctx: JobContext, guest: GuestClient) -> None:
+        """Keep the session's running background processes on its record, for `GET session`."""
+        running = [{"process_id": p["process_id"], "pid": p["pid"], "command": p["command"][:200],
+                    "started_at": p["started_at"]}
+                   for p in await guest.list_processes() if p["status"] == "running"]
+        await ctx.update_session(background_processes=json.dumps(running))
 
     async def _next_call_resumes(self, ctx: JobContext) -> bool:
         nxt = await ctx.peek_next_job()

@@ -197,6 +197,11 @@ class Queue:
         """Jobs in the session's FIFO, the running one included."""
         return int(await self.redis.llen(self.keys.fifo(session_name(environment, session_id))))  # type: ignore[misc]
 
+    async def head_job(self, environment: str, session_id: str) -> JobRecord | None:
+        """The job at the head of the session's FIFO (running, or next to run), if any."""
+        jid = await self.redis.lindex(self.keys.fifo(session_name(environment, session_id)), 0)  # type: ignore[misc]
+        return await self.get_job(text(jid)) if jid else None
+
     async def forget_session(self, environment: str, session_id: str) -> bool:
         """Delete an idle session's hash and index entry (GC after destroy); False if busy."""
         return await self.scripts.forget_session(environment, session_id)

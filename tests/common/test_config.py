@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from common.config import Config, ConfigError, load_config, parse_config
+from common.config import SEED_TOOLS, Config, ConfigError, load_config, parse_config
 
 
 def test_missing_file_means_builtin_default_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -22,7 +22,7 @@ def test_repository_config_defines_seed_my_env(repo_root: Path, clean_environ: N
     env = cfg.environment("my-env")
     assert env is not None
     assert env.template == "default-env-template" and env.atespace == "default"
-    assert env.allowed_tools == ("bash", "read_file", "write_file", "list_dir", "list_skills", "activate_skill")
+    assert env.allowed_tools == SEED_TOOLS
 
 
 def test_empty_fields_fall_back_to_defaults() -> None:

@@ -117,7 +117,8 @@ def test_file_survives_suspend_and_resume(fleet: RunningFleet) -> None:
         r = c.delete(base, params={"keep_snapshot": "true"})
         assert r.status_code == 200 and r.json()["snapshot_kept"] is True and r.json()["actor"]
         info = c.get(base).json()
-        assert info["state"] == "destroyed" and info["snapshot_kept"] in ("1", True)
+        assert info["state"] == "destroyed" and info["snapshot"]["kept"] is True
+        assert info["snapshot"]["location"] and info["actor"]["name"] == r.json()["actor"]
         # destroy without keeping: everything is gone, a new resume starts from the template
         assert c.delete(base).json()["snapshot_kept"] is False
         assert c.post(f"{base}/resume").status_code == 200
