@@ -17,13 +17,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import json as _json
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, cast
 
-import httpx
-
+from common.guest_http import GuestHTTP, ProtocolError
 from common.guest_protocol import (
     MAX_WAIT_S,
     SESSION_HEADER,
@@ -79,8 +79,7 @@ class GuestProtocolError(GuestError):
 
 @functools.cache
 def _tls_context() -> ssl.SSLContext:
-    """One TLS context per process: httpx would otherwise load the CA bundle for every client
-    (~20 ms each), and a worker opens a client per actor incarnation."""
+    """One TLS context per process (loading the CA bundle takes ~20 ms), for an https router."""
     return ssl.create_default_context()
 
 
@@ -88,18 +87,11 @@ class GuestClient:
     """One guest. Reuses its connection; call `aclose()` (or use `async with`) when done."""
 
     def __init__(self, address: GuestAddress, *, session: str | None = None) -> None:
-        tls = _tls_context()
-        transport = httpx.AsyncHTTPTransport(uds=address.uds, verify=tls) if address.uds else None
         headers = dict(address.headers)
         if session is not None:
             headers[SESSION_HEADER] = session
-        self._http = httpx.AsyncClient(
-            base_url=address.base_url,
-            transport=transport,
-            verify=tls,
-            headers=headers,
-            timeout=httpx.Timeout(MAX_WAIT_S + REQUEST_SLACK_S, connect=CONNECT_TIMEOUT_S),
-        )
+        tls = _tls_context() if address.base_url.startswith("https:") else None
+        self._http = GuestHTTP(address.base_url, address.uds, headers, tls, CONNECT_TIMEOUT_S)
 
     async def __aenter__(self) -> GuestClient:
         return self
@@ -189,20 +181,21 @@ class GuestClient:
         result = view["result"] or {"output": "", "is_error": True, "error": "no result"}
         return result, view
 
-    async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+    async def _call(self, method: str, path: str, *, json: Any = None,
+                    params: Mapping[str, object] | None = None) -> Any:
+        payload = None if json is None else _json.dumps(json).encode()
         try:
-            response = await self._http.request(method, path, **kwargs)
-        except (httpx.TransportError, OSError) as err:
+            status, raw = await self._http.request(method, path, params=params, body=payload,
+                                                   timeout_s=MAX_WAIT_S + REQUEST_SLACK_S)
+        except (OSError, TimeoutError, ProtocolError) as err:
             raise GuestUnavailable(f"guest unreachable on {method} {path}: {err!r}") from err
         try:
-            body = response.json()
+            body = _json.loads(raw)
         except ValueError as err:
-            raise GuestProtocolError(
-                f"{method} {path}: unreadable body (HTTP {response.status_code})", 0
-            ) from err
-        if response.status_code == 200:
+            raise GuestProtocolError(f"{method} {path}: unreadable body (HTTP {status})", 0) from err
+        if status == 200:
             return body
-        _raise_for(response.status_code, body, f"{method} {path}")
+        _raise_for(status, body, f"{method} {path}")
 
 
 def _raise_for(status: int, body: Any, what: str) -> None:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from pathlib import Path
 
 from common.config import TemplateConfig
 from local_substrate.cgroups import Cgroups
 from local_substrate.layout import Layout
-from local_substrate.sandbox import SandboxProcess, SandboxSpec, start_sandbox, view
+from local_substrate.sandbox import SandboxProcess, SandboxSpec, python_executable, start_sandbox, view
 from local_substrate.slots import SlotDirs
 
 #: Seconds a guest may take from spawn to a 200 on /readyz.
@@ -54,7 +53,7 @@ def sandbox_spec(
 def guest_command(level: str, spec: SandboxSpec) -> list[str]:
     v = view(level, spec)
     cmd = [
-        sys.executable,
+        python_executable(),
         "-S",
         "-m",
         "guest",

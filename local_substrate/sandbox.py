@@ -112,14 +112,32 @@ def compile_code() -> None:
             log.info("cannot precompile %s: %s", host, err)
 
 
+#: Where the fleet's third-party packages appear inside a sandbox.
+SITE_PACKAGES_DIR = f"{CODE_DIR}/site-packages"
+
+
 def _python_dirs() -> list[str]:
-    """The interpreter's install and the venv, unless already under a system dir."""
-    dirs = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), sys.prefix}
-    return sorted(d for d in dirs if not d.startswith("/usr/"))
+    """The interpreter's own install, unless already under a system dir. The venv is not mounted
+    at its host path: it may live under /tmp (a checkout there), which the sandbox's own /tmp
+    hides; its packages are mounted at SITE_PACKAGES_DIR instead (see _mounted_code)."""
+    base = os.path.realpath(sys.base_prefix)
+    return [] if base.startswith("/usr/") else [base]
+
+
+def python_executable() -> str:
+    """The real interpreter (not the venv's symlink), so it resolves inside the sandbox."""
+    return os.path.realpath(sys.executable)
+
+
+def _mounted_code() -> list[tuple[str, str]]:
+    """Read-only (host, inner) mounts of our code and the third-party packages it imports."""
+    return [*_code_dirs(), (sysconfig.get_path("purelib"), SITE_PACKAGES_DIR)]
 
 
 def _env(v: View) -> dict[str, str]:
-    code_root = CODE_DIR if v.workspace == WORKSPACE else str(Path(guest.__file__ or "").parent.parent)
+    sandboxed = v.workspace == WORKSPACE
+    code_root = CODE_DIR if sandboxed else str(Path(guest.__file__ or "").parent.parent)
+    site = SITE_PACKAGES_DIR if sandboxed else sysconfig.get_path("purelib")
     return {
         "PATH": SANDBOX_PATH,
         "HOME": v.workspace,
@@ -127,7 +145,7 @@ def _env(v: View) -> dict[str, str]:
         "LANG": "C.UTF-8",
         # The guest runs with `python -S` (no site: 15 ms less per resume), so its third-party
         # packages come from here. The guest gives its commands a minimal env, not this one.
-        "PYTHONPATH": f"{code_root}:{sysconfig.get_path('purelib')}",
+        "PYTHONPATH": f"{code_root}:{site}",
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONUNBUFFERED": "1",
     }
@@ -167,12 +185,12 @@ def bwrap_argv(spec: SandboxSpec, command: list[str]) -> list[str]:
     a = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
     a += [] if spec.network == "host" else ["--unshare-net"]
     a += ["--die-with-parent", "--hostname", spec.hostname, "--clearenv"]
-    a += _bwrap_parents([*_python_dirs(), *(i for _, i in _code_dirs()), *(i for _, i in _writable(spec))])
+    a += _bwrap_parents([*_python_dirs(), *(i for _, i in _mounted_code()), *(i for _, i in _writable(spec))])
     for d, kind in _system_mounts():
         a += ["--symlink", kind[5:], d] if kind.startswith("link:") else ["--ro-bind", d, d]
     for d in _python_dirs():
         a += ["--ro-bind", d, d]
-    for host, inner in _code_dirs():
+    for host, inner in _mounted_code():
         a += ["--ro-bind", host, inner]
     a += ["--proc", "/proc", "--dev", "/dev"]
     for host, inner in _writable(spec):
@@ -234,7 +252,7 @@ def unshare_script(spec: SandboxSpec, command: list[str]) -> str:
     lines = [_UNSHARE_PROLOGUE.format(root=q(str(spec.root)))]
     # One mkdir for every mount point: each command here is a process spawn on the resume path.
     targets = [d for d, kind in _system_mounts() if kind == "dir"] + _python_dirs()
-    targets += [i for _, i in (*_code_dirs(), *_writable(spec))] + [i for _, i in spec.skills]
+    targets += [i for _, i in (*_mounted_code(), *_writable(spec))] + [i for _, i in spec.skills]
     lines.append('cd "$R" && mkdir -p ' + " ".join(q(t.lstrip("/")) for t in targets) + " proc dev")
     for d, kind in _system_mounts():
         if kind.startswith("link:"):
@@ -243,7 +261,7 @@ def unshare_script(spec: SandboxSpec, command: list[str]) -> str:
             lines.append(f"ro {q(d)} {q(d)}")
     for d in _python_dirs():
         lines.append(f"ro {q(d)} {q(d)}")
-    lines += [f"ro {q(h)} {q(i)}" for h, i in _code_dirs()]
+    lines += [f"ro {q(h)} {q(i)}" for h, i in _mounted_code()]
     lines += [f"rw {q(h)} {q(i)}" for h, i in _writable(spec)]
     lines += [f"ro {q(str(h))} {q(i)}" for h, i in spec.skills]
     inner = _drop_privileges(spec, [*_env_argv("unshare", spec), *command])
