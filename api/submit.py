@@ -6,6 +6,8 @@ the translation of a failed job into problem+json behave the same everywhere.
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
@@ -17,6 +19,8 @@ from common.queue import EnqueueResult, JobKind, JobRecord, JobState, NewJob
 from common.queue import IdempotencyConflict as QueueIdempotencyConflict
 from common.secret_box import SEALED_ENV_KEY
 from common.tool_calls import ToolCall
+
+log = logging.getLogger("atefleet.api")
 
 
 def wants_async(request: Request, body_flag: bool = False) -> bool:
@@ -35,6 +39,9 @@ async def enqueue(fleet: Fleet, request: Request, job: NewJob, fingerprint: str)
             "this Idempotency-Key was used with a different request", job_id=err.job_id) from err
     if result.created:
         JOBS_ENQUEUED.labels(kind=str(job.kind)).inc()
+    log.debug("job accepted", extra={"fields": {
+        "job": result.job_id, "session": job.session, "principal": job.principal, "kind": str(job.kind),
+        "replayed": not result.created}})
     return result
 
 

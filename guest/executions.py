@@ -1,6 +1,6 @@
 """Executions: every tool call, by job id, exactly once.
 
-A start for an unknown job id journals it (fsynced) and runs the tool as a task; a start for a
+A start for an unknown job id journals it and runs the tool as a task; a start for a
 known id attaches to it (running) or returns its recorded outcome (finished or interrupted).
 Answers wait for completion or new output, at most MAX_WAIT_S. Running executions keep their
 output in memory (bounded); the RECENT newest finished ones too, older ones are served from the
@@ -83,21 +83,6 @@ def _summary(tool: str, args: dict[str, Any]) -> str:
         if isinstance(value, str) and value:
             return value[:200]
     return ""
-
-
-#: Calls without side effects: their start record is not fsynced (see Journal.record_start).
-_READ_ONLY_TOOLS = frozenset({"read_file", "list_dir", "stat", "list_skills", "activate_skill"})
-_READ_ONLY_ACTIONS = {
-    "edit": ("command", frozenset({"view"})),
-    "process": ("action", frozenset({"status", "logs", "list"})),
-}
-
-
-def _read_only(tool: str, args: dict[str, Any]) -> bool:
-    if tool in _READ_ONLY_TOOLS:
-        return True
-    key, actions = _READ_ONLY_ACTIONS.get(tool, ("", frozenset()))
-    return args.get(key) in actions
 
 
 def _limits(raw: object) -> dict[str, Any]:
@@ -185,9 +170,7 @@ class Executions:
         if not isinstance(skills_dir, str):
             raise BadRequest("skills_dir must be a string")
         # The entry goes in before the first await: a concurrent duplicate start attaches to it.
-        entry = self.journal.record_start(
-            job_id, tool, _summary(tool, args), durable=not _read_only(tool, args)
-        )
+        entry = self.journal.record_start(job_id, tool, _summary(tool, args))
         out_max = int(limits["output_max_bytes"])
         ex = Execution(entry, None, BoundedOutput(out_max), BoundedOutput(out_max))
         ex.ctx = ToolContext(

@@ -49,7 +49,16 @@ class JobHandlers:
     async def __call__(self, ctx: JobContext) -> dict[str, Any]:
         job = ctx.job
         with log_context(job=job.id, session=job.session, principal=job.principal):
-            return await self._table[job.kind](ctx)
+            try:
+                return await self._table[job.kind](ctx)
+            except RetryLater as err:
+                log.warning("job will be retried", extra={"fields": {"reason": err.reason,
+                                                                      "attempts": job.attempts}})
+                raise
+            except JobFailed as err:
+                log.warning("job failed", extra={"fields": {"problem": err.problem.get("type"),
+                                                             "detail": err.problem.get("detail")}})
+                raise
 
     # -- lifecycle -----------------------------------------------------------------------------
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -86,14 +88,14 @@ def base_config(tmp: Path, port: int, **overrides: Any) -> dict[str, Any]:
                     "mkdir",
                     "rm",
                 ],
-                "idle_timeout_s": 0,
+                "idle_timeout_s": 20,  # parks sessions tests leave running, so slots free up
             },
             {"name": "other-env", "template": "other-template", "atespace": "default", "idle_timeout_s": 0},
         ],
         "workers": {"processes": 2, "concurrency": 64, "lease_ttl_s": 3},
         "reconciler": {"period_s": 0.5},
         "local_substrate": {
-            "slots": 12,
+            "slots": 16,
             "stop_grace_s": 1,
             "templates": [{"name": "default-env-template", "skills_dir": str(skills)}],
         },
@@ -135,6 +137,14 @@ def start_fleet(tmp: Path, cfg: dict[str, Any]) -> RunningFleet:
         time.sleep(0.1)
     fleet.stop()
     raise RuntimeError(f"fleet did not become ready:\n{fleet.log()}")
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A short state dir for a test's own fleet: unix socket paths under it must fit in 107 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="af-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -5,17 +5,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.e2e.conftest import RunningFleet, base_config, free_port, start_fleet
 
@@ -64,14 +60,6 @@ def _bash(c: httpx.Client, sid: str, command: str) -> dict[str, object]:
     r = c.post(f"/v1/environments/my-env/sessions/{sid}", json=body)
     assert r.status_code == 200, r.text
     return dict(r.json())
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    """A short state dir: unix socket paths under it must fit in 107 bytes."""
-    path = Path(tempfile.mkdtemp(prefix="af-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_killed_children_are_restarted_and_ctrl_c_leaves_nothing(short_tmp: Path) -> None:

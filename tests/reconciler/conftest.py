@@ -70,7 +70,9 @@ async def wait_for(cond: Callable[[], Awaitable[bool]], timeout_s: float, what: 
 
 
 async def set_session(queue: Queue, sid: str, env: str = ENV, **fields: str) -> None:
-    """Give a session these worker-maintained fields, as a worker would: a job run under its lease."""
+    """Give a session these worker-maintained fields: a job runs under its lease (so the session
+    exists as the queue makes it), then the fields are written as they would stand afterwards
+    (finishing a job stamps `last_activity` itself, which a test may need to back-date)."""
     await queue.ensure_group()
     await queue.enqueue(NewJob(env, sid, JobKind.TOOL, {"test": True}, "tester"))
     session = f"{env}/{sid}"
@@ -79,10 +81,9 @@ async def set_session(queue: Queue, sid: str, env: str = ENV, **fields: str) -> 
             acquired = await queue.acquire(entry_id, s, "test-setter")
             if acquired.lease is None or acquired.job is None:
                 continue
-            if s == session:
-                await queue.update_session(acquired.lease, fields)
             await queue.complete(acquired.lease, acquired.job.id, JobState.SUCCEEDED, result={})
         if await queue.queue_depth(env, sid) == 0:
+            await queue.redis.hset(queue.keys.session(session), mapping=fields)  # type: ignore[misc]
             return
     raise AssertionError(f"could not set fields of {session}")
 
