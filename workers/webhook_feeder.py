@@ -1,10 +1,11 @@
 """The feeder: turns terminal job events with a callback into webhook delivery jobs for arq.
 
-It reads the queue's `events` stream in its own consumer group (`webhooks`), so it sees every
-state change exactly as written, independently of other readers. For an event of a terminal state
-with `cb="1"` it enqueues the arq job `webhook:<job id>`; arq refuses a second job with the same id
-while the first is queued, running or its result is kept, and a delivery whose final attempt is
-recorded on the job is never made again, so events read twice collapse into one delivery.
+It reads the queue's `callbacks` stream (the terminal events of jobs that have a callback_url,
+written next to `events` by the queue's scripts) in its own consumer group (`webhooks`). For an
+event of a terminal state with `cb="1"` it enqueues the arq job `webhook:<job id>`; arq refuses a
+second job with the same id while the first is queued, running or its result is kept, and a
+delivery whose final attempt is recorded on the job is never made again, so events read twice
+collapse into one delivery.
 
 The entry is acknowledged only after the enqueue, so a feeder that dies in between leaves it
 pending and it is handled again: by the same consumer when it restarts (it first reads its own
@@ -27,7 +28,7 @@ from common.queue.models import text
 
 logger = logging.getLogger(__name__)
 
-#: Consumer group of the deliverers on the `events` stream.
+#: Consumer group of the deliverers on the `callbacks` stream.
 FEEDER_GROUP = "webhooks"
 
 #: How long one blocking read waits (ms); also bounds how long a stop request takes to be seen.

@@ -208,7 +208,7 @@ class Deliverer:
         delivery = WebhookDelivery(Queue(self._pool, self._config), sender, schedule)
         ctx = {"delivery": delivery}
         self._worker = Worker(**settings, redis_pool=self._pool, handle_signals=False, ctx=ctx)
-        events = Keys(self._config.redis_prefix).events
+        events = Keys(self._config.redis_prefix).callbacks
         feeder = EventFeeder(self._pool, events, self._consumer, self._enqueue)
         # The group exists before start() returns: events written from now on are never missed.
         await feeder.ensure_group()

@@ -46,6 +46,12 @@ class Keys:
         return f"{self.prefix}events"
 
     @property
+    def callbacks(self) -> str:
+        """Stream: the terminal events of jobs with a callback_url (the webhook feeder's input), so
+        the deliverer reads only what it delivers instead of every state change of every job."""
+        return f"{self.prefix}callbacks"
+
+    @property
     def dlq(self) -> str:
         """Stream of jobs that exhausted their attempts."""
         return f"{self.prefix}dlq"
@@ -117,7 +123,8 @@ class Keys:
         """
         p = _lua_string(self.prefix)
         constants = {
-            "K_READY": self.ready, "K_EVENTS": self.events, "K_DLQ": self.dlq, "K_DELAYED": self.delayed,
+            "K_READY": self.ready, "K_EVENTS": self.events, "K_CALLBACKS": self.callbacks, "K_DLQ": self.dlq,
+            "K_DELAYED": self.delayed,
             "K_ACTIVE": self.active, "K_WORK": self.work, "CH_DONE": self.done_channel,
             "CH_CANCEL": self.cancel_channel, "GROUP": READY_GROUP,
         }

@@ -190,7 +190,7 @@ async def test_duplicate_events_collapse_into_one_delivery(
     await fleet.finish(job_id)
     await fleet.delivery_done(job_id)
     # When the same terminal event is read again (as after a feeder crash before its ack)
-    events = fleet.queue.keys.events
+    events = fleet.queue.keys.callbacks
     dup_id = await fleet.redis.xadd(events, {"job": job_id, "session": "default-env/s1",
                                             "state": "succeeded", "ts_ms": "0", "cb": "1"})
 
@@ -247,7 +247,7 @@ async def test_an_event_read_but_not_acknowledged_before_a_crash_is_delivered(
     await deliverer.stop()
     job_id = await fleet.submit(receiver.url)
     await fleet.finish(job_id)
-    events = fleet.queue.keys.events
+    events = fleet.queue.keys.callbacks
     read = await fleet.redis.xreadgroup("webhooks", "test-deliverer", {events: ">"}, count=100)
     assert read and read[0][1]
     # When the deliverer starts again under the same consumer name

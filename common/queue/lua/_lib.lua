@@ -1,7 +1,7 @@
 -- _lib.lua: shared helpers, prepended to every script by common/queue/scripts.py after the
 -- generated prelude. Not a script by itself.
 --
--- From the prelude (common/queue/keys.py `Keys.lua_prelude`): K_READY, K_EVENTS, K_DLQ, K_DELAYED,
+-- From the prelude (common/queue/keys.py `Keys.lua_prelude`): K_READY, K_EVENTS, K_CALLBACKS, K_DLQ, K_DELAYED,
 -- K_ACTIVE, K_WORK, CH_DONE, CH_CANCEL, GROUP and the builders job_key, out_key, sec_key,
 -- fifo_key, sess_key, lease_key, idem_key, index_key.
 -- From the config (common/queue/scripts.py): EVENTS_MAXLEN, DLQ_MAXLEN, TTL_MS (terminal jobs),
@@ -9,11 +9,16 @@
 
 local TERMINAL = {succeeded = true, failed = true, cancelled = true}
 
--- One entry per job state change; `cb` tells the webhook deliverer to look at the job.
+-- One entry per job state change; `cb` marks jobs with a callback. Terminal ones of those also
+-- go to `callbacks`, the webhook deliverer's own input.
 local function emit(jid, session, state, now, has_cb)
   if has_cb then
     redis.call('XADD', K_EVENTS, 'MAXLEN', '~', EVENTS_MAXLEN, '*',
       'job', jid, 'session', session, 'state', state, 'ts_ms', now, 'cb', '1')
+    if TERMINAL[state] then
+      redis.call('XADD', K_CALLBACKS, 'MAXLEN', '~', EVENTS_MAXLEN, '*',
+        'job', jid, 'session', session, 'state', state, 'ts_ms', now, 'cb', '1')
+    end
   else
     redis.call('XADD', K_EVENTS, 'MAXLEN', '~', EVENTS_MAXLEN, '*',
       'job', jid, 'session', session, 'state', state, 'ts_ms', now)
