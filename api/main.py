@@ -16,21 +16,13 @@ from common.config import Config
 log = logging.getLogger("atefleet.api")
 
 
-def bind_host(config: Config) -> str:
-    """The host to bind: `listen`'s host, or loopback when auth is not configured."""
-    host, _ = config.listen_host_port
-    if config.auth.enabled:
-        return host or "0.0.0.0"
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        log.warning("auth is not configured: listening on loopback only (configure auth to expose the API)")
-    return "127.0.0.1" if host != "::1" else "::1"
-
-
 def run_api(config: Config) -> None:
-    _, port = config.listen_host_port
+    host, port = config.listen_host_port
+    if config.api_bind_host != (host or "0.0.0.0"):
+        log.warning("auth is not configured: listening on loopback only (configure auth to expose the API)")
     uvicorn.run(
         create_app(config),
-        host=bind_host(config),
+        host=config.api_bind_host,
         port=port,
         loop="asyncio",
         http="httptools",

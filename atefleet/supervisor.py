@@ -188,12 +188,14 @@ class Supervisor:
         log.warning("local substrate did not report ready in time; continuing")
 
     def _announce(self, substrate_addr: str) -> None:
-        host, port = self.config.listen_host_port
-        host = host or "0.0.0.0"
+        _, port = self.config.listen_host_port
+        host = self.config.api_bind_host
+        url_host = "127.0.0.1" if host == "0.0.0.0" else host
         status = self._substrate_status() or {}
         sandbox = status.get("sandbox", "n/a (external Substrate)" if not substrate_addr else "unknown")
-        print(f"atefleet is up: API http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
-              f"  (listening on {host}:{port}; /healthz /metrics)", flush=True)
+        print(f"atefleet is up: API http://{url_host}:{port}  (listening on {host}:{port}"
+              f"{'' if self.config.auth.enabled else ', loopback only: no auth configured'};"
+              " /healthz /metrics)", flush=True)
         print(f"  redis: {'embedded, ' + str(self.state_dir / 'redis') if self.redis else 'external'}"
               f"  substrate: {substrate_addr or self.config.ate.ateapi} (sandbox: {sandbox})"
               f"  workers: {self.config.workers.processes}", flush=True)

@@ -360,6 +360,15 @@ class Config(_Model):
     def listen_host_port(self) -> tuple[str, int]:
         return parse_listen(self.listen)
 
+    @property
+    def api_bind_host(self) -> str:
+        """Where the API binds: `listen`'s host, but loopback only while auth is not configured
+        (no open shell on the network without auth)."""
+        host, _ = self.listen_host_port
+        if self.auth.enabled:
+            return host or "0.0.0.0"
+        return "::1" if host == "::1" else "127.0.0.1"
+
     def template(self, name: str) -> TemplateConfig:
         """The local Substrate template of that name, or sensible defaults when not defined."""
         for t in self.local_substrate.templates:

@@ -59,3 +59,11 @@ def test_env_overrides_take_precedence(tmp_path: Path, monkeypatch: pytest.Monke
 def test_explicit_missing_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "absent.yaml", environ={})
+
+
+def test_api_binds_loopback_only_without_auth() -> None:
+    assert parse_config({"listen": ":7777"}).api_bind_host == "127.0.0.1"
+    assert parse_config({"listen": "0.0.0.0:7777"}).api_bind_host == "127.0.0.1"
+    key = {"name": "k", "sha256": "0" * 64}
+    assert parse_config({"listen": ":7777", "auth": {"api_keys": [key]}}).api_bind_host == "0.0.0.0"
+    assert parse_config({"listen": "10.0.0.5:80", "auth": {"api_keys": [key]}}).api_bind_host == "10.0.0.5"
