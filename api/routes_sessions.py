@@ -36,7 +36,7 @@ async def _lifecycle(fleet: FleetDep, principal: PrincipalDep, request: Request,
     fleet.environment(env)
     principal.check(env, sid)
     job = _lifecycle_job(env, sid, kind, principal.id, **payload)
-    result = await enqueue(fleet, request, job, fingerprint=f"{kind}:{sorted(payload.items())}")
+    result = await enqueue(fleet, request, job, fingerprint=f"{job.session}:{kind}:{sorted(payload.items())}")
     return await answer(fleet, result.job_id, sync=not wants_async(request))
 
 

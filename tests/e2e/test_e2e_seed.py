@@ -6,6 +6,7 @@ import hashlib
 import json
 import uuid
 
+import httpx
 import redis
 
 from tests.e2e.conftest import RunningFleet
@@ -124,3 +125,57 @@ def test_file_survives_suspend_and_resume(fleet: RunningFleet) -> None:
         assert c.post(f"{base}/resume").status_code == 200
         gone = c.post(base, json=read).json()
         assert gone.get("is_error") is True
+
+
+def test_suspend_with_background_processes_is_refused_unless_forced(fleet: RunningFleet) -> None:
+    sid = str(uuid.uuid4())
+    base = f"/v1/environments/my-env/sessions/{sid}"
+    bg = {
+        "call_id": "bg",
+        "type": "function_call",
+        "function": {"name": "bash", "arguments": json.dumps({"command": "sleep 300", "background": True})},
+    }
+    with fleet.client() as c:
+        assert c.post(f"{base}/resume").status_code == 200
+        assert c.post(base, json=bg).status_code == 200
+        shown = c.get(base).json()
+        assert [p["command"] for p in shown["background_processes"]] == ["sleep 300"]
+        refused = c.post(f"{base}/suspend")
+        assert refused.status_code == 409
+        problem = refused.json()
+        assert problem["type"].endswith("/background_processes_running")
+        assert problem["processes"][0]["command"] == "sleep 300"
+        assert c.post(f"{base}/suspend", params={"force": "true"}).json()["status"] == "ok"
+        assert c.get(base).json()["background_processes"] == []
+
+
+def _suspends(c: httpx.Client) -> float:
+    lines = c.get("/metrics").text.splitlines()
+    return sum(
+        float(x.rsplit(" ", 1)[1])
+        for x in lines
+        if x.startswith("atefleet_actor_op_seconds_count") and 'op="suspend"' in x
+    )
+
+
+def test_auto_resume_calls_queued_back_to_back_coalesce_their_suspends(fleet: RunningFleet) -> None:
+    sid = str(uuid.uuid4())
+    base = f"/v1/environments/my-env/sessions/{sid}"
+    with fleet.client() as c:
+        before = _suspends(c)
+        ids = [
+            c.post(
+                base,
+                json={**_call(f"echo {i} >> log.txt", f"c{i}"), "auto_resume": True},
+                headers={"Prefer": "respond-async"},
+            ).json()["id"]
+            for i in range(8)
+        ]
+        for job_id in ids:
+            assert c.get(f"/v1/jobs/{job_id}", params={"wait": 60}).json()["state"] == "succeeded"
+        # every call ran, in order, and the session ends suspended (seed semantics) ...
+        assert c.get(base).json()["state"] == "suspended"
+        read = {**_call("cat log.txt"), "auto_resume": True}
+        assert c.post(base, json=read).json()["output"].split() == [str(i) for i in range(8)]
+        # ... but the suspends between calls that were already queued were skipped
+        assert _suspends(c) - before < 8
