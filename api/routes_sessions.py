@@ -13,10 +13,10 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from api.fleet import FleetDep, PrincipalDep
-from api.problems import NotFound
+from api.problems import InvalidToolCall, NotFound
 from api.session_view import session_view
 from api.submit import answer, enqueue, tool_job, wants_async
-from api.tool_calls import decode_json_body, fingerprint, parse_tool_call
+from api.tool_calls import decode_json_body, fingerprint, parse_callback, parse_tool_call
 from common.queue import JobKind, NewJob
 from common.tool_calls import render_tool_not_allowed
 
@@ -27,17 +27,22 @@ SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 Sid = Annotated[str, Path(pattern=SESSION_ID_PATTERN, description="client-chosen session id")]
 
 
-def _lifecycle_job(env: str, sid: str, kind: JobKind, principal: str, **payload: Any) -> NewJob:
-    return NewJob(environment=env, session_id=sid, kind=kind, payload=payload, principal=principal)
-
-
 async def _lifecycle(fleet: FleetDep, principal: PrincipalDep, request: Request, env: str, sid: str,
                      kind: JobKind, **payload: Any) -> Response:
+    """Enqueue a lifecycle job. The seed sends no body; an optional JSON one may carry `async`,
+    `callback_url` and `callback_secret_id`, as on any job."""
     fleet.environment(env)
     principal.check(env, sid)
-    job = _lifecycle_job(env, sid, kind, principal.id, **payload)
-    result = await enqueue(fleet, request, job, fingerprint=f"{job.session}:{kind}:{sorted(payload.items())}")
-    return await answer(fleet, result.job_id, sync=not wants_async(request))
+    raw = await request.body()
+    body = decode_json_body(raw) if raw.strip() else {}
+    if not isinstance(body, dict):
+        raise InvalidToolCall("the body, when given, must be a JSON object", field="body")
+    url, secret_id = parse_callback(body, fleet.config.webhooks.secrets.keys())
+    job = NewJob(environment=env, session_id=sid, kind=kind, payload=payload, principal=principal.id,
+                 callback_url=url, callback_secret_id=secret_id)
+    fp = f"{job.session}:{kind}:{sorted(payload.items())}:{url}:{secret_id}"
+    result = await enqueue(fleet, request, job, fingerprint=fp)
+    return await answer(fleet, result.job_id, sync=not wants_async(request, body.get("async") is True))
 
 
 @router.post("/{sid}/resume", summary="Create (if needed) and resume the session's actor")

@@ -73,7 +73,7 @@ def parse_tool_call(body: Any, *, webhook_secret_ids: Collection[str] | None = N
     if not isinstance(body, dict):
         raise InvalidToolCall("the tool call must be a JSON object", field="body")
     call_format, call_id, name, arguments = _call_fields(body)
-    callback_url, callback_secret_id = _callback(body, webhook_secret_ids)
+    callback_url, callback_secret_id = parse_callback(body, webhook_secret_ids)
     return ToolCall(
         call_id=call_id,
         name=name,
@@ -207,7 +207,8 @@ def _is_utf8_encodable(text: str) -> bool:
     return True
 
 
-def _callback(body: dict[str, Any], secret_ids: Collection[str] | None) -> tuple[str | None, str | None]:
+def parse_callback(body: dict[str, Any], secret_ids: Collection[str] | None) -> tuple[str | None, str | None]:
+    """`callback_url` and `callback_secret_id` of a request body, checked (any job may have them)."""
     url, secret_id = body.get("callback_url"), body.get("callback_secret_id")
     if url is not None:
         _check_callback_url(url)

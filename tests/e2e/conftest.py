@@ -27,6 +27,8 @@ KEY_ALICE = "ak_alice_0123456789abcdef"
 KEY_BOB = "ak_bob_0123456789abcdef"
 #: The auth fleet keeps finished jobs this long (s), so expiry can be seen in a test.
 AUTH_FLEET_JOB_TTL_S = 3
+#: ... and answers a sync call still running after this long (s) with 202 + its location.
+AUTH_FLEET_SYNC_WAIT_S = 2
 
 
 def free_port() -> int:
@@ -175,7 +177,10 @@ def auth_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningFlee
     running = start_fleet(
         tmp,
         base_config(
-            tmp, free_port(), auth={"api_keys": keys}, jobs={"sync_wait_s": 30, "ttl_s": AUTH_FLEET_JOB_TTL_S}
+            tmp,
+            free_port(),
+            auth={"api_keys": keys},
+            jobs={"sync_wait_s": AUTH_FLEET_SYNC_WAIT_S, "ttl_s": AUTH_FLEET_JOB_TTL_S},
         ),
     )
     yield running

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from tests.e2e.conftest import AUTH_FLEET_JOB_TTL_S, KEY_ALICE, KEY_BOB, RunningFleet
+from tests.e2e.conftest import AUTH_FLEET_JOB_TTL_S, AUTH_FLEET_SYNC_WAIT_S, KEY_ALICE, KEY_BOB, RunningFleet
 
 CALL = {
     "call_id": "a",
@@ -58,3 +58,14 @@ def test_expired_job_is_404_with_a_clear_type(auth_fleet: RunningFleet) -> None:
         assert gone.json()["type"].endswith("/job_expired")
         unknown = alice.get("/v1/jobs/never-was-a-job")
         assert unknown.status_code == 404 and unknown.json()["type"].endswith("/not_found")
+
+
+def test_a_sync_call_outliving_the_wait_limit_answers_202_with_its_location(auth_fleet: RunningFleet) -> None:
+    slow = {**CALL, "function": {"name": "bash", "arguments": json.dumps({"command": "sleep 4; echo late"})}}
+    with auth_fleet.client(KEY_ALICE) as alice:
+        started = time.monotonic()
+        r = alice.post("/v1/environments/my-env/sessions/alice-slow", json=slow)
+        assert r.status_code == 202, r.text
+        assert AUTH_FLEET_SYNC_WAIT_S <= time.monotonic() - started < AUTH_FLEET_SYNC_WAIT_S + 3
+        done = alice.get(r.headers["location"], params={"wait": 30}).json()
+        assert done["state"] == "succeeded" and done["result"]["output"] == "late\n"

@@ -179,3 +179,19 @@ def test_auto_resume_calls_queued_back_to_back_coalesce_their_suspends(fleet: Ru
         assert c.post(base, json=read).json()["output"].split() == [str(i) for i in range(8)]
         # ... but the suspends between calls that were already queued were skipped
         assert _suspends(c) - before < 8
+
+
+def test_environments_and_ready_to_use_tool_definitions(fleet: RunningFleet) -> None:
+    with fleet.client() as c:
+        envs = {e["name"]: e for e in c.get("/v1/environments").json()["environments"]}
+        assert set(envs) == {"my-env", "other-env"}
+        allowed = envs["my-env"]["allowed_tools"]
+        openai = c.get("/v1/environments/my-env/tools", params={"format": "openai"}).json()["tools"]
+        assert [t["function"]["name"] for t in openai] == allowed
+        assert all(
+            t["type"] == "function" and t["function"]["parameters"]["type"] == "object" for t in openai
+        )
+        anthropic = c.get("/v1/environments/my-env/tools", params={"format": "anthropic"}).json()["tools"]
+        assert [t["name"] for t in anthropic] == allowed
+        assert all(t["input_schema"]["type"] == "object" for t in anthropic)
+        assert c.get("/v1/environments/nope/tools").status_code == 404

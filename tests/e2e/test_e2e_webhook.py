@@ -67,3 +67,19 @@ def test_callback_is_signed_and_recorded(fleet: RunningFleet, receiver: str) -> 
             time.sleep(0.05)
         assert attempts[0]["status"] == 204
         assert "atefleet_webhook_attempts_total" in c.get("/metrics").text
+
+
+def test_lifecycle_jobs_take_callbacks_too(fleet: RunningFleet, receiver: str) -> None:
+    with fleet.client() as c:
+        r = c.post(
+            "/v1/environments/my-env/sessions/hook-2/resume", json={"callback_url": receiver, "async": True}
+        )
+        assert r.status_code == 202
+        deadline = time.monotonic() + 30
+        while not Receiver.received:
+            assert time.monotonic() < deadline, "no webhook arrived"
+            time.sleep(0.05)
+        payload = json.loads(Receiver.received[0][1])
+        assert payload["data"]["id"] == r.json()["id"] and payload["data"]["result"]["status"] == "ok"
+        bad = c.post("/v1/environments/my-env/sessions/hook-2/suspend", json={"callback_url": "ftp://x"})
+        assert bad.status_code == 422
