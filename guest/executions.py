@@ -53,7 +53,9 @@ class Execution:
     stdout: BoundedOutput
     stderr: BoundedOutput
     result: dict[str, Any] | None = None
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Resolved (and replaced) on new output or completion. A plain future rather than an
+    #: Event: pollers wait on it with asyncio.wait, which needs no task per wait.
+    changed: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     task: asyncio.Task[None] | None = None
 
     @property
@@ -61,8 +63,8 @@ class Execution:
         return self.entry.state == ExecutionState.running
 
     def wake(self) -> None:
-        self.changed.set()
-        self.changed = asyncio.Event()
+        self.changed.set_result(None)  # never done here: it is replaced as soon as it is set
+        self.changed = asyncio.get_running_loop().create_future()
 
     def pending(self, out_off: int, err_off: int) -> int:
         return max(0, self.stdout.total - out_off) + max(0, self.stderr.total - err_off)
@@ -107,6 +109,10 @@ class Executions:
         self.journal = journal
         self.processes = processes
         self.workspace = workspace
+        # The workspace's real path, resolved once: each call only adds its skills directory.
+        self._paths = PathResolver(workspace)
+        #: Executions in _live still running (so pruning finished ones need not scan them all).
+        self._running = 0
         self.state_dir = state_dir
         self.skills_dir = skills_dir
         self._live: OrderedDict[str, Execution] = OrderedDict()
@@ -175,7 +181,7 @@ class Executions:
         ex = Execution(entry, None, BoundedOutput(out_max), BoundedOutput(out_max))
         ex.ctx = ToolContext(
             job_id=job_id,
-            paths=PathResolver(self.workspace, (skills_dir,)),
+            paths=self._paths.with_read_only((skills_dir,)),
             limits=limits,
             env=env,
             skills_dir=skills_dir,
@@ -186,6 +192,7 @@ class Executions:
             notify=ex.wake,
         )
         self._live[job_id] = ex
+        self._running += 1
         ex.task = asyncio.create_task(self._run(ex, ex.ctx, tool, args))
         return ex
 
@@ -214,11 +221,19 @@ class Executions:
 
     def _forget_old(self, job_id: str) -> None:
         """Move the finished job to the end of the LRU and drop the oldest finished beyond RECENT."""
+        self._running -= 1
         self._live.move_to_end(job_id)
-        if len(self._live) <= RECENT:
+        excess = len(self._live) - self._running - RECENT
+        if excess <= 0:
             return
-        finished = [j for j, e in self._live.items() if not e.running]
-        for old in finished[: max(0, len(finished) - RECENT)]:
+        # Oldest first, stopping as soon as enough are found: usually just the very first entry.
+        stale: list[str] = []
+        for old, ex in self._live.items():
+            if not ex.running:
+                stale.append(old)
+                if len(stale) == excess:
+                    break
+        for old in stale:
             del self._live[old]
 
     async def _wait_for_news(self, ex: Execution, out_off: int, err_off: int, wait_s: float) -> None:
@@ -234,9 +249,8 @@ class Executions:
                 remaining = min(remaining, began + COALESCE_S - now)
             if remaining <= 0:
                 return
-            try:
-                await asyncio.wait_for(ex.changed.wait(), remaining)
-            except TimeoutError:
+            done, _ = await asyncio.wait((ex.changed,), timeout=remaining)
+            if not done:
                 return
 
     async def _answer(

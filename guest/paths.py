@@ -8,6 +8,8 @@ out those paths). Callers open final components with O_NOFOLLOW where a swap cou
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 
 from guest.tools.base import ToolError
@@ -22,7 +24,20 @@ class PathResolver:
 
     def __init__(self, workspace: str, read_only_roots: tuple[str, ...] = ()) -> None:
         self.root = os.path.realpath(workspace)
-        self._read_only = tuple(os.path.realpath(r) for r in read_only_roots if r)
+        self._read_only_given = read_only_roots
+
+    def with_read_only(self, read_only_roots: tuple[str, ...]) -> PathResolver:
+        """This workspace with other read-only roots, without resolving the workspace again
+        (realpath is a syscall per component: a measurable part of a short tool call)."""
+        clone = copy.copy(self)
+        clone._read_only_given = read_only_roots
+        clone.__dict__.pop("_read_only", None)
+        return clone
+
+    @functools.cached_property
+    def _read_only(self) -> tuple[str, ...]:
+        # Resolved on first use: most calls (a bash command in the workspace) never need them.
+        return tuple(os.path.realpath(r) for r in self._read_only_given if r)
 
     def _roots(self, write: bool) -> tuple[str, ...]:
         return (self.root,) if write else (self.root, *self._read_only)

@@ -8,15 +8,32 @@ environment never leaks into commands.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal as _signal
-from typing import Any
+import subprocess
+from collections.abc import Callable
+from typing import Any, Protocol
 
 #: PATH used when the guest itself was started without one.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 #: Seconds between SIGTERM and SIGKILL when a process group is stopped.
 KILL_GRACE_S = 2.0
+
+#: Read size of the foreground output readers.
+CHUNK_BYTES = 65536
+
+Sink = Callable[[bytes], None]
+
+
+class GroupLeader(Protocol):
+    """What stopping a group needs: asyncio's Process and ShellProcess both are one."""
+
+    @property
+    def pid(self) -> int: ...
+
+    async def wait(self) -> int: ...
 
 
 def base_env(workspace: str) -> dict[str, str]:
@@ -47,6 +64,163 @@ async def spawn_shell(command: str, cwd: str, env: dict[str, str], stdin: bool) 
         "start_new_session": True,
     }
     return await asyncio.create_subprocess_exec("/bin/sh", "-c", command, **kwargs)
+
+
+class ShellProcess:
+    """A foreground `sh -c` in a new session, driven by plain event-loop callbacks.
+
+    Its pipes are non-blocking fds read by reader callbacks straight into the sinks, stdin is
+    fed by a writer callback, and the exit comes from the loop's child watcher. Unlike
+    asyncio.subprocess (a transport and protocol per pipe, a task per stream reader) this costs
+    no task and little bookkeeping: that machinery was most of the guest's own time on a
+    `bash true` call.
+    """
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.pid = popen.pid
+        self.returncode: int | None = None
+        self._popen = popen
+        self._waiters: list[asyncio.Future[int | None]] = []
+        self._readers: set[int] = set()
+        self._drained: asyncio.Future[None] = self._loop.create_future()
+        self._stdin_fd: int | None = None
+        self._stdin_left = memoryview(b"")
+
+    @classmethod
+    def start(
+        cls, command: str, cwd: str, env: dict[str, str], stdin: bytes | None, sinks: tuple[Sink, Sink]
+    ) -> ShellProcess:
+        """Spawn `sh -c command`; its stdout and stderr go to `sinks`, `stdin` (if any) to its stdin."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        in_r, in_w = os.pipe() if stdin is not None else (_devnull(), -1)
+        child_ends = [out_w, err_w] + ([in_r] if stdin is not None else [])
+        try:
+            popen = subprocess.Popen(
+                ["/bin/sh", "-c", command],
+                stdin=in_r,
+                stdout=out_w,
+                stderr=err_w,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+            )
+        except BaseException:
+            for fd in (out_r, err_r, *([in_w] if stdin is not None else [])):
+                os.close(fd)
+            raise
+        finally:
+            for fd in child_ends:
+                os.close(fd)
+        proc = cls(popen)
+        proc._watch(((out_r, sinks[0]), (err_r, sinks[1])))
+        if stdin is not None:
+            proc._stdin_fd, proc._stdin_left = in_w, memoryview(stdin)
+            os.set_blocking(in_w, False)
+            proc._feed()
+        return proc
+
+    def _watch(self, pipes: tuple[tuple[int, Sink], ...]) -> None:
+        for fd, sink in pipes:
+            os.set_blocking(fd, False)
+            self._readers.add(fd)
+            self._loop.add_reader(fd, self._readable, fd, sink)
+        with asyncio.get_child_watcher() as watcher:
+            watcher.add_child_handler(self.pid, self._exited)
+
+    def _exited(self, pid: int, returncode: int) -> None:
+        self.returncode = returncode
+        # Popen must know: one it thinks unreaped would be waited for again on collection.
+        self._popen.returncode = returncode
+        for fut in self._waiters:
+            if not fut.done():
+                fut.set_result(returncode)
+
+    def _readable(self, fd: int, sink: Sink) -> None:
+        try:
+            data = os.read(fd, CHUNK_BYTES)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            sink(data)
+        else:
+            self._close_reader(fd)
+
+    def _close_reader(self, fd: int) -> None:
+        self._loop.remove_reader(fd)
+        os.close(fd)
+        self._readers.discard(fd)
+        if not self._readers and not self._drained.done():
+            self._drained.set_result(None)
+
+    def _feed(self) -> None:
+        fd = self._stdin_fd
+        if fd is None:
+            return
+        try:
+            sent = os.write(fd, self._stdin_left) if self._stdin_left else 0
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            # The command did not read all of its stdin: not an error of ours.
+            self._close_stdin()
+            return
+        self._stdin_left = self._stdin_left[sent:]
+        if self._stdin_left:
+            self._loop.add_writer(fd, self._feed)
+        else:
+            self._close_stdin()
+
+    def _close_stdin(self) -> None:
+        if self._stdin_fd is not None:
+            self._loop.remove_writer(self._stdin_fd)
+            os.close(self._stdin_fd)
+            self._stdin_fd = None
+
+    async def wait_until(self, timeout: float | None) -> int | None:
+        """The exit status, or None if the shell is still running after `timeout` seconds."""
+        if self.returncode is not None:
+            return self.returncode
+        fut: asyncio.Future[int | None] = self._loop.create_future()
+        self._waiters.append(fut)
+        timer = self._loop.call_later(timeout, _expire, fut) if timeout is not None else None
+        try:
+            return await fut
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._waiters.remove(fut)
+
+    async def wait(self) -> int:
+        returncode = await self.wait_until(None)
+        assert returncode is not None  # without a timeout only the exit resolves the wait
+        return returncode
+
+    async def drain(self, timeout: float) -> None:
+        """Read what is left in the pipes; stop if children of the shell keep them open."""
+        if self._readers:
+            await asyncio.wait([self._drained], timeout=timeout)
+        self.close()
+
+    def close(self) -> None:
+        """Stop reading and feeding: closes whatever pipe is still open."""
+        for fd in list(self._readers):
+            self._close_reader(fd)
+        self._close_stdin()
+
+
+@functools.cache
+def _devnull() -> int:
+    """/dev/null for commands' stdin, opened once (Popen's DEVNULL opens it on every spawn)."""
+    return os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+
+
+def _expire(fut: asyncio.Future[int | None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def signal_group(pid: int, sig: int) -> bool:
@@ -88,7 +262,7 @@ def exit_status(returncode: int) -> tuple[int, int | None]:
 
 
 async def stop_group(
-    proc: asyncio.subprocess.Process, sig: int = _signal.SIGTERM, grace_s: float = KILL_GRACE_S
+    proc: GroupLeader, sig: int = _signal.SIGTERM, grace_s: float = KILL_GRACE_S
 ) -> None:
     """Signal the group, then SIGKILL it if the leader has not exited within `grace_s`."""
     if not signal_group(proc.pid, sig):

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from guest.output import BoundedOutput
-from guest.spawn import command_env, exit_status, spawn_shell, stop_group
+from guest.spawn import ShellProcess, Sink, command_env, exit_status, stop_group
 from guest.tools.base import (
     Result,
     ToolContext,
@@ -24,9 +24,6 @@ from guest.tools.base import (
     arg_opt_str,
     limit_error,
 )
-
-#: Read size of the output pumps.
-CHUNK_BYTES = 65536
 
 #: After the shell exits, how long its children may keep the pipes open before we stop reading.
 PIPE_DRAIN_S = 0.5
@@ -94,21 +91,12 @@ async def _background(
     }
 
 
-async def _pump(reader: asyncio.StreamReader, out: BoundedOutput, ctx: ToolContext) -> None:
-    while chunk := await reader.read(CHUNK_BYTES):
+def _sink(out: BoundedOutput, ctx: ToolContext) -> Sink:
+    def write(chunk: bytes) -> None:
         out.write(chunk)
         ctx.notify()
 
-
-async def _feed(proc: asyncio.subprocess.Process, data: str) -> None:
-    if proc.stdin is None:
-        return
-    try:
-        proc.stdin.write(data.encode())
-        await proc.stdin.drain()
-        proc.stdin.close()
-    except (BrokenPipeError, ConnectionResetError):
-        pass  # the command did not read all of its stdin: not an error of ours
+    return write
 
 
 async def _foreground(
@@ -118,19 +106,25 @@ async def _foreground(
     ctx.processes.foreground += 1
     started = time.monotonic()
     try:
-        proc = await spawn_shell(command, cwd, env, stdin=stdin is not None)
-    except OSError as err:
-        ctx.processes.foreground -= 1
-        raise ToolError(f"cannot start sh: {err}") from err
-    try:
-        return await _supervise(ctx, proc, stdin, timeout, started)
+        try:
+            proc = ShellProcess.start(
+                command,
+                cwd,
+                env,
+                stdin.encode() if stdin is not None else None,
+                (_sink(ctx.stdout, ctx), _sink(ctx.stderr, ctx)),
+            )
+        except OSError as err:
+            raise ToolError(f"cannot start sh: {err}") from err
+        try:
+            return await _supervise(ctx, proc, timeout, started)
+        finally:
+            proc.close()
     finally:
         ctx.processes.foreground -= 1
 
 
-async def _supervise(
-    ctx: ToolContext, proc: asyncio.subprocess.Process, stdin: str | None, timeout: float, started: float
-) -> Result:
+async def _supervise(ctx: ToolContext, proc: ShellProcess, timeout: float, started: float) -> Result:
     stoppers: list[asyncio.Task[None]] = []
     cancelled: list[int] = []
 
@@ -139,32 +133,17 @@ async def _supervise(
         stoppers.append(asyncio.create_task(stop_group(proc, sig, grace_s)))
 
     ctx.canceller = cancel
-    if proc.stdout is None or proc.stderr is None:
-        raise ToolError("cannot start sh: no output pipes")
-    pumps = [
-        asyncio.create_task(_pump(proc.stdout, ctx.stdout, ctx)),
-        asyncio.create_task(_pump(proc.stderr, ctx.stderr, ctx)),
-    ]
-    feeder = asyncio.create_task(_feed(proc, stdin)) if stdin is not None else None
     timed_out = False
-    try:
-        returncode = await asyncio.wait_for(proc.wait(), timeout)
-    except TimeoutError:
+    returncode = await proc.wait_until(timeout)
+    if returncode is None:
         timed_out = True
         await stop_group(proc)
         returncode = await proc.wait()
-    await _drain(pumps)
-    await asyncio.gather(*stoppers, *([feeder] if feeder else []), return_exceptions=True)
+    await proc.drain(PIPE_DRAIN_S)
+    if stoppers:
+        await asyncio.gather(*stoppers, return_exceptions=True)
     ctx.canceller = None
     return _result(ctx, returncode, timed_out, bool(cancelled), time.monotonic() - started, timeout)
-
-
-async def _drain(pumps: list[asyncio.Task[None]]) -> None:
-    """Read what is left in the pipes; stop if children of the shell keep them open."""
-    _, pending = await asyncio.wait(pumps, timeout=PIPE_DRAIN_S)
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*pumps, return_exceptions=True)
 
 
 def _result(
