@@ -1,8 +1,7 @@
 """The reconciler's Redis side: its own keys, its Lua scripts, and one typed method per script.
 
-Queue keys (sessions, leases, FIFOs, `events`) come from `common.queue.keys.Keys`; the few keys
-only the reconciler uses (its leader lease and fencing epoch) are built in `ReconcilerKeys`, from
-the same prefix. Scripts (`lua/`) get the queue's key prelude, so key shapes are written once.
+Every key name (sessions, leases, FIFOs, `events`, the leader lease and its fencing epoch) comes
+from `common.queue.keys.Keys`. Scripts (`lua/`) get the queue's key prelude, so key shapes are written once.
 Every write to a session is fenced three ways (see `repair_session.lua`): this instance still
 leads, no worker holds the session's lease, and the session's epoch and state are the ones the
 survey saw.
@@ -27,23 +26,6 @@ RedisArg = str | int | float | bytes
 
 #: Sessions read per survey script call: bounds how long one call blocks Redis (~1-2 ms).
 SURVEY_PAGE = 500
-
-
-@dataclass(frozen=True)
-class ReconcilerKeys:
-    """Key names only the reconciler uses, under the fleet prefix."""
-
-    prefix: str
-
-    @property
-    def leader(self) -> str:
-        """String with PX TTL: `<instance>:<epoch>` of the active reconciler."""
-        return f"{self.prefix}reconciler:leader"
-
-    @property
-    def leader_epoch(self) -> str:
-        """Counter: the fencing epoch handed to each new leader."""
-        return f"{self.prefix}reconciler:epoch"
 
 
 @dataclass(frozen=True)
@@ -107,7 +89,6 @@ class ReconcilerStore:
     def __init__(self, redis: Redis, keys: Keys) -> None:
         self.redis = redis
         self.keys = keys
-        self.rkeys = ReconcilerKeys(keys.prefix)
         header = keys.lua_prelude() + f"local EVENTS_MAXLEN = {EVENTS_MAXLEN}\n"
         # redis-py's registered scripts run by EVALSHA and reload themselves on NOSCRIPT.
         self._s: dict[str, AsyncScript] = {
@@ -145,13 +126,14 @@ class ReconcilerStore:
                                 int(now * 1000), f"{now:.3f}"]
         for name, value in (fields or {}).items():
             args += [name, value]
-        keys = [self.rkeys.leader, self.keys.lease(session), self.keys.session(session), self.keys.events]
+        keys = [self.keys.reconciler_leader, self.keys.lease(session), self.keys.session(session),
+                self.keys.events]
         return text(await self._run("repair_session", keys, args))
 
     async def record_actor_drift(self, leader: str, atespace: str, actor: str, kind: str,
                                  detail: str) -> bool:
         """An `events` entry for a drift of an actor without a session; False if not the leader."""
-        raw = await self._run("actor_drift", [self.rkeys.leader, self.keys.events],
+        raw = await self._run("actor_drift", [self.keys.reconciler_leader, self.keys.events],
                               [leader, atespace, actor, kind, detail, int(time.time() * 1000)])
         return int(raw) == 1
 
@@ -165,22 +147,22 @@ class ReconcilerStore:
     # -- leader lease ----------------------------------------------------------------------------
     async def leader_acquire(self, instance: str, ttl_ms: int) -> tuple[bool, str]:
         """(True, our value) when we became leader, else (False, the current leader's value)."""
-        keys = [self.rkeys.leader, self.rkeys.leader_epoch]
+        keys = [self.keys.reconciler_leader, self.keys.reconciler_epoch]
         raw = await self._run("leader_acquire", keys, [instance, ttl_ms])
         return int(raw[0]) == 1, text(raw[1])
 
     async def leader_renew(self, value: str, ttl_ms: int) -> bool:
-        return int(await self._run("leader_renew", [self.rkeys.leader], [value, ttl_ms])) == 1
+        return int(await self._run("leader_renew", [self.keys.reconciler_leader], [value, ttl_ms])) == 1
 
     async def leader_release(self, value: str) -> bool:
-        return int(await self._run("leader_release", [self.rkeys.leader], [value])) == 1
+        return int(await self._run("leader_release", [self.keys.reconciler_leader], [value])) == 1
 
     async def leader_pttl_ms(self) -> int:
         """Remaining lease time of whoever leads (-2: nobody)."""
-        return int(await self.redis.pttl(self.rkeys.leader))
+        return int(await self.redis.pttl(self.keys.reconciler_leader))
 
     async def leader_value(self) -> str | None:
-        raw = await self.redis.get(self.rkeys.leader)
+        raw = await self.redis.get(self.keys.reconciler_leader)
         return text(raw) if raw is not None else None
 
     # -- garbage collection ----------------------------------------------------------------------

@@ -81,6 +81,16 @@ class Keys:
         """Pub/sub channel: `<job id>` when a running job is asked to cancel (for Consumer)."""
         return f"{self.prefix}ch:cancel"
 
+    @property
+    def reconciler_leader(self) -> str:
+        """String with PX TTL: `<instance>:<epoch>` of the active reconciler."""
+        return f"{self.prefix}reconciler:leader"
+
+    @property
+    def reconciler_epoch(self) -> str:
+        """Counter: the fencing epoch handed to each new reconciler leader."""
+        return f"{self.prefix}reconciler:epoch"
+
     # -- per job ---------------------------------------------------------------------------------
     def job(self, job_id: str) -> str:
         """Hash: the job record; TTL once terminal."""

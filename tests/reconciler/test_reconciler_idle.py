@@ -3,6 +3,7 @@ idle_timeout_s = 1 and a 0.2 s period."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -74,6 +75,11 @@ async def test_a_call_racing_the_idle_suspend_runs_on_a_resumed_actor(make_fleet
     await fleet.run("race", JobKind.TOOL, _bash("echo kept > notes.txt"))
     fleet.start_reconciler()
     idle_job = await _wait_idle_job_running(fleet, "race")
+    # the worker re-checked idleness under the lease and is now suspending (slowly)
+    deadline = time.monotonic() + 10
+    while (await fleet.session("race")).get("state") != "suspending":
+        assert time.monotonic() < deadline, "the idle suspend never started suspending"
+        await asyncio.sleep(0.01)
     call = await fleet.bash("race", "cat notes.txt; echo more >> notes.txt; cat notes.txt", auto_resume=True)
     # then the idle suspend completes, and the call resumes the actor and finds every file
     idle = await fleet.wait_job(idle_job, 10)

@@ -13,19 +13,18 @@ from typing import Any
 import yaml
 
 from common.queue import JobKind
-from reconciler.store import ReconcilerKeys
 from tests.reconciler.conftest import ENV, Fleet, set_session, wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 async def _leader(fleet: Fleet) -> str:
-    raw = await fleet.queue.redis.get(ReconcilerKeys(fleet.config.redis_prefix).leader)
+    raw = await fleet.queue.redis.get(fleet.queue.keys.reconciler_leader)
     return raw.decode() if raw else ""
 
 
 async def _epoch(fleet: Fleet) -> int:
-    return int(await fleet.queue.redis.get(ReconcilerKeys(fleet.config.redis_prefix).leader_epoch) or 0)
+    return int(await fleet.queue.redis.get(fleet.queue.keys.reconciler_epoch) or 0)
 
 
 def _start_process(fleet: Fleet) -> subprocess.Popen[bytes]:
