@@ -12,9 +12,11 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -32,6 +34,40 @@ TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
 #: Reconnect backoff bounds (seconds).
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 1.0
+
+
+async def listen_forever(redis: Redis, channel: str, on_message: Callable[[str], None], *, name: str,
+                         on_subscribed: Callable[[], Awaitable[None]] | None = None,
+                         on_lost: Callable[[], None] | None = None) -> None:
+    """Hand each message on `channel` (as text) to `on_message`, until cancelled.
+
+    Any failure drops the subscription and resubscribes with backoff; `on_subscribed` runs after
+    each (re)subscription so the caller can re-check what the gap may have hidden, `on_lost` when
+    it drops. One such loop per process and channel (saq's multiplexer idea), never one per waiter.
+    """
+    backoff = BACKOFF_MIN_S
+    while True:
+        pubsub = redis.pubsub()
+        try:
+            await pubsub.subscribe(channel)
+            backoff = BACKOFF_MIN_S
+            if on_subscribed is not None:
+                await on_subscribed()
+            while True:
+                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                if msg is not None:
+                    on_message(text(msg["data"]))
+        except Exception as err:  # resubscribe whatever happened; the caller's re-check covers the gap
+            if on_lost is not None:
+                on_lost()
+            if not isinstance(err, TRANSIENT):
+                log.exception("%s: subscription failed", name)
+            log.info("%s: subscription lost (%s); resubscribing in %.2f s", name, err, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(BACKOFF_MAX_S, backoff * 2)
+        finally:
+            with contextlib.suppress(*TRANSIENT):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
 
 
 @dataclass
@@ -125,24 +161,8 @@ class LeaseKeeper:
 
     async def cancel_listener(self) -> None:
         """Cancel requests on the shared channel; renewals re-check `cx` if a message is missed."""
-        backoff = BACKOFF_MIN_S
-        while True:
-            pubsub = self.queue.redis.pubsub()
-            try:
-                await pubsub.subscribe(self.queue.keys.cancel_channel)
-                backoff = BACKOFF_MIN_S
-                while True:
-                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                    if msg is not None:
-                        self._cancel_requested(text(msg["data"]))
-            except Exception as err:  # keep listening whatever happened; renewals cover the gap
-                if not isinstance(err, TRANSIENT):
-                    log.exception("cancel listener failed")
-                await asyncio.sleep(backoff)
-                backoff = min(BACKOFF_MAX_S, backoff * 2)
-            finally:
-                with contextlib.suppress(*TRANSIENT):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await listen_forever(self.queue.redis, self.queue.keys.cancel_channel, self._cancel_requested,
+                             name="cancel listener")
 
     def _cancel_requested(self, job_id: str) -> None:
         for turn in self.turns.values():

@@ -12,8 +12,8 @@ import asyncio
 import contextlib
 import logging
 
-from common.queue.leases import BACKOFF_MAX_S, BACKOFF_MIN_S, TRANSIENT
-from common.queue.models import JobRecord, text
+from common.queue.leases import listen_forever
+from common.queue.models import JobRecord
 from common.queue.queue import Queue
 
 log = logging.getLogger("atefleet.queue.waiter")
@@ -70,28 +70,13 @@ class JobWaiter:
                 fut.set_result(None)
 
     async def _listen(self) -> None:
-        backoff = BACKOFF_MIN_S
-        while True:
-            pubsub = self.queue.redis.pubsub()
-            try:
-                await pubsub.subscribe(self.queue.keys.done_channel)
-                backoff = BACKOFF_MIN_S
-                self._subscribed.set()
-                await self._recheck_all()
-                while True:
-                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                    if msg is not None:
-                        self._resolve(text(msg["data"]).partition(" ")[0])
-            except Exception as err:  # resubscribe whatever happened; the re-check covers the gap
-                self._subscribed.clear()
-                if not isinstance(err, TRANSIENT):
-                    log.exception("job waiter subscription failed")
-                log.info("waiter subscription lost (%s); resubscribing in %.2f s", err, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(BACKOFF_MAX_S, backoff * 2)
-            finally:
-                with contextlib.suppress(*TRANSIENT):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await listen_forever(self.queue.redis, self.queue.keys.done_channel,
+                             lambda data: self._resolve(data.partition(" ")[0]), name="job waiter",
+                             on_subscribed=self._on_subscribed, on_lost=self._subscribed.clear)
+
+    async def _on_subscribed(self) -> None:
+        self._subscribed.set()
+        await self._recheck_all()
 
     async def _recheck_all(self) -> None:
         """Resolve waiters whose job finished while we were not subscribed."""
