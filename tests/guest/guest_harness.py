@@ -100,3 +100,16 @@ async def call(
     result, view = await client.run(new_job_id(), tool, arguments, limits=limits, env=env)  # type: ignore[arg-type]
     assert view["state"] == "finished"
     return dict(result)
+
+
+async def wait_process_gone(pid: int) -> None:
+    """Wait until `pid` has exited (gone, or a zombie awaiting its parent); fail after 5 s."""
+    for _ in range(200):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return
+        except FileNotFoundError:
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError(f"process {pid} still alive")

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import time
 
-from guest_harness import GuestProc, call, new_job_id
+from guest_harness import GuestProc, call, new_job_id, wait_process_gone
 
 from common.guest_client import GuestClient
 
@@ -71,19 +70,7 @@ async def test_timeout_kills_the_whole_process_group(guest: GuestProc, client: G
     assert r["timed_out"] and r["is_error"] and "timed out after 1s" in r["output"]
     assert time.monotonic() - started < 10
     child = int((guest.workspace / "child.pid").read_text())
-    await _wait_gone(child)
-
-
-async def _wait_gone(pid: int) -> None:
-    for _ in range(200):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    return
-        except FileNotFoundError:
-            return
-        await asyncio.sleep(0.025)
-    raise AssertionError(f"process {pid} still alive")
+    await wait_process_gone(child)
 
 
 async def test_timeout_above_the_limit_names_it(client: GuestClient) -> None:

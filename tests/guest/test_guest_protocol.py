@@ -8,7 +8,7 @@ import signal
 import time
 
 import pytest
-from guest_harness import SESSION, GuestProc, call, new_job_id
+from guest_harness import SESSION, GuestProc, call, new_job_id, wait_process_gone
 
 from common.guest_client import (
     ExecutionNotFound,
@@ -112,22 +112,11 @@ async def test_killed_guest_reports_interrupted_and_keeps_process_records(guest:
         assert procs[bg["process_id"]]["status"] == "running"  # still alive: same pid and start time
         os.kill(bg["pid"], signal.SIGKILL)
     guest.stop()
-    await _wait_dead(bg["pid"])
+    await wait_process_gone(bg["pid"])
     await guest.start()
     async with guest.client() as c:
         procs = {p["process_id"]: p for p in await c.list_processes()}
         assert procs[bg["process_id"]]["status"] == "unknown"
-
-
-async def _wait_dead(pid: int) -> None:
-    for _ in range(200):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    return
-        except FileNotFoundError:
-            return
-        await asyncio.sleep(0.025)
 
 
 async def test_sigterm_stops_gracefully_and_interrupts_running(guest: GuestProc) -> None:
