@@ -41,6 +41,7 @@ def create_app(config: Config, redis_url: str | None = None) -> FastAPI:
                                         health_check_interval=30, socket_keepalive=True)
         queue = Queue(redis, config)
         waiter = JobWaiter(queue)
+        waiter.start()  # subscribed before the first sync call, which then needs no record read
         app.state.fleet = Fleet(config=config, redis=redis, queue=queue, waiter=waiter,
                                 auth=Authenticator(config), limiter=RateLimiter(config.api),
                                 secret_box=SecretBox(load_key(config.state_dir)))
@@ -48,13 +49,15 @@ def create_app(config: Config, redis_url: str | None = None) -> FastAPI:
             yield
         finally:
             await waiter.close()
+            await queue.aclose()
             await redis.aclose()
 
     app = FastAPI(title="atefleet", version="0.1.0", lifespan=lifespan,
                   description="Run AI agents' tool calls in per-session sandboxed actors on Agent Substrate.")
     install_problem_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.api.body_max_bytes)
-    app.include_router(meta_router)
+    # Routes are matched in this order: the hottest first (every tool call is a sessions route).
     app.include_router(sessions_router)
     app.include_router(jobs_router)
+    app.include_router(meta_router)
     return app

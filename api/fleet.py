@@ -1,7 +1,10 @@
 """What every route needs, opened once per process: config, Redis, queue, waiter, auth, limiter.
 
 Routes get it through `get_fleet`, and the caller through `get_principal`, which also applies the
-rate limit, so no route can forget either.
+rate limit, so no route can forget either. The hot routes (one per tool call or lifecycle job)
+call `fleet_and_caller` instead: the same checks without FastAPI's dependency solving, which cost
+them a quarter of the API's CPU per call; they declare `BEARER_DOC` so the OpenAPI document still
+shows their security.
 """
 
 from __future__ import annotations
@@ -60,6 +63,12 @@ async def get_fleet(request: Request) -> Fleet:
     return fleet
 
 
+async def fleet_and_caller(request: Request) -> tuple[Fleet, Principal]:
+    """The fleet and the authenticated, rate-limited caller (what `get_principal` gives)."""
+    fleet: Fleet = request.app.state.fleet
+    return fleet, await _authenticated(fleet, request)
+
+
 FleetDep = Annotated[Fleet, Depends(get_fleet)]
 
 
@@ -75,9 +84,16 @@ async def get_principal(
 
     Authentication runs first, so unauthenticated floods are answered 401 without touching any bucket.
     """
-    principal = fleet.auth.authenticate(request.headers.get("authorization"))
-    await fleet.limiter.check(principal.id)
-    return principal
+    return await _authenticated(fleet, request)
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
+
+#: `openapi_extra` of the routes that authenticate through `fleet_and_caller`.
+BEARER_DOC = {"security": [{"HTTPBearer": []}]}
+
+
+async def _authenticated(fleet: Fleet, request: Request) -> Principal:
+    principal = fleet.auth.authenticate(request.headers.get("authorization"))
+    await fleet.limiter.check(principal.id)
+    return principal

@@ -12,6 +12,7 @@ import uvicorn
 
 from api.app import create_app
 from common.config import Config
+from common.event_loop import UVICORN_LOOP
 
 log = logging.getLogger("atefleet.api")
 
@@ -24,7 +25,7 @@ def run_api(config: Config) -> None:
         create_app(config),
         host=config.api_bind_host,
         port=port,
-        loop="asyncio",
+        loop=UVICORN_LOOP,
         http="httptools",
         log_config=None,
         access_log=False,

@@ -15,8 +15,8 @@ from api.problems import BadRequest, IdempotencyConflict, InvalidToolCall, ToolN
 from api.submit import tool_job
 from api.tool_calls import fingerprint, parse_tool_call
 from common.job_json import job_to_json
+from common.queue import EnqueueResult, JobRecord, NewJob
 from common.queue import IdempotencyConflict as QueueIdempotencyConflict
-from common.queue import NewJob
 from common.tool_calls import ToolCall
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -121,7 +121,12 @@ async def batch(fleet: FleetDep, principal: PrincipalDep, request: Request,
     except QueueIdempotencyConflict as err:
         raise IdempotencyConflict("this Idempotency-Key was used with a different batch",
                                   job_id=err.job_id) from err
-    jobs = await asyncio.gather(*(fleet.queue.get_job(r.job_id) for r in results))
+    jobs = await asyncio.gather(*(_record(fleet, r) for r in results))
     body_out = {"jobs": [job_to_json(j) for j in jobs if j is not None]}
     return JSONResponse(body_out, status_code=202)
 
+
+
+async def _record(fleet: Fleet, result: EnqueueResult) -> JobRecord | None:
+    """The job as enqueued; a replayed one is read (it may have moved on since)."""
+    return result.record or await fleet.queue.get_job(result.job_id)

@@ -12,10 +12,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from api.fleet import FleetDep, PrincipalDep
+from api.fleet import BEARER_DOC, FleetDep, PrincipalDep, fleet_and_caller
 from api.problems import InvalidToolCall, NotFound
 from api.session_view import session_view
-from api.submit import answer, enqueue, tool_job, wants_async
+from api.submit import submit, tool_job, wants_async
 from api.tool_calls import decode_json_body, fingerprint, parse_callback, parse_tool_call
 from common.queue import JobKind, NewJob
 from common.tool_calls import render_tool_not_allowed
@@ -27,10 +27,10 @@ SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 Sid = Annotated[str, Path(pattern=SESSION_ID_PATTERN, description="client-chosen session id")]
 
 
-async def _lifecycle(fleet: FleetDep, principal: PrincipalDep, request: Request, env: str, sid: str,
-                     kind: JobKind, **payload: Any) -> Response:
+async def _lifecycle(request: Request, env: str, sid: str, kind: JobKind, **payload: Any) -> Response:
     """Enqueue a lifecycle job. The seed sends no body; an optional JSON one may carry `async`,
     `callback_url` and `callback_secret_id`, as on any job."""
+    fleet, principal = await fleet_and_caller(request)
     fleet.environment(env)
     principal.check(env, sid)
     raw = await request.body()
@@ -41,33 +41,33 @@ async def _lifecycle(fleet: FleetDep, principal: PrincipalDep, request: Request,
     job = NewJob(environment=env, session_id=sid, kind=kind, payload=payload, principal=principal.id,
                  callback_url=url, callback_secret_id=secret_id)
     fp = f"{job.session}:{kind}:{sorted(payload.items())}:{url}:{secret_id}"
-    result = await enqueue(fleet, request, job, fingerprint=fp)
-    return await answer(fleet, result.job_id, sync=not wants_async(request, body.get("async") is True))
+    return await submit(fleet, request, job, fp, sync=not wants_async(request, body.get("async") is True))
 
 
-@router.post("/{sid}/resume", summary="Create (if needed) and resume the session's actor")
-async def resume(fleet: FleetDep, principal: PrincipalDep, request: Request, env: str,
-                 sid: Sid) -> Response:
-    return await _lifecycle(fleet, principal, request, env, sid, JobKind.RESUME)
+@router.post("/{sid}/resume", summary="Create (if needed) and resume the session's actor",
+             openapi_extra=BEARER_DOC)
+async def resume(request: Request, env: str, sid: Sid) -> Response:
+    return await _lifecycle(request, env, sid, JobKind.RESUME)
 
 
-@router.post("/{sid}/suspend", summary="Suspend the session's actor, after every call queued before")
-async def suspend(fleet: FleetDep, principal: PrincipalDep, request: Request, env: str, sid: Sid,
-                  force: bool = False) -> Response:
-    return await _lifecycle(fleet, principal, request, env, sid, JobKind.SUSPEND, force=force)
+@router.post("/{sid}/suspend", summary="Suspend the session's actor, after every call queued before",
+             openapi_extra=BEARER_DOC)
+async def suspend(request: Request, env: str, sid: Sid, force: bool = False) -> Response:
+    return await _lifecycle(request, env, sid, JobKind.SUSPEND, force=force)
 
 
-@router.delete("/{sid}", summary="Destroy the session (optionally keeping its snapshot)")
-async def destroy(fleet: FleetDep, principal: PrincipalDep, request: Request, env: str, sid: Sid,
-                  keep_snapshot: bool = False) -> Response:
-    return await _lifecycle(fleet, principal, request, env, sid, JobKind.DESTROY, keep_snapshot=keep_snapshot)
+@router.delete("/{sid}", summary="Destroy the session (optionally keeping its snapshot)",
+               openapi_extra=BEARER_DOC)
+async def destroy(request: Request, env: str, sid: Sid, keep_snapshot: bool = False) -> Response:
+    return await _lifecycle(request, env, sid, JobKind.DESTROY, keep_snapshot=keep_snapshot)
 
 
 @router.post("/{sid}", summary="Execute one tool call in the session's actor",
-             openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+             openapi_extra={**BEARER_DOC, "requestBody": {"required": True, "content": {"application/json": {
                  "schema": {"type": "object", "description": "seed function_call, Anthropic tool_use "
                             "or Chat Completions tool_calls item"}}}}})
-async def execute(fleet: FleetDep, principal: PrincipalDep, request: Request, env: str, sid: Sid) -> Response:
+async def execute(request: Request, env: str, sid: Sid) -> Response:
+    fleet, principal = await fleet_and_caller(request)
     environment = fleet.environment(env)
     principal.check(env, sid)
     # Like the seed's decoder: JSON whatever the Content-Type (`curl -d` sends a form type).
@@ -76,8 +76,8 @@ async def execute(fleet: FleetDep, principal: PrincipalDep, request: Request, en
     if call.name not in environment.allowed_tools:
         return JSONResponse(render_tool_not_allowed(call, env))
     job = tool_job(fleet, principal.id, env, sid, call)
-    result = await enqueue(fleet, request, job, fingerprint=fingerprint(call, job.session))
-    return await answer(fleet, result.job_id, sync=not wants_async(request, call.is_async))
+    return await submit(fleet, request, job, fingerprint(call, job.session),
+                        sync=not wants_async(request, call.is_async))
 
 
 @router.get("/{sid}", summary="The session's state, actor, activity, queue and processes")

@@ -15,8 +15,9 @@ from api.fleet import Fleet
 from api.problems import ApiProblem, Conflict, IdempotencyConflict
 from common.job_json import job_to_json
 from common.metrics import JOBS_ENQUEUED
-from common.queue import EnqueueResult, JobKind, JobRecord, JobState, NewJob
+from common.queue import EnqueueResult, JobKind, JobRecord, JobState, NewJob, Outcome
 from common.queue import IdempotencyConflict as QueueIdempotencyConflict
+from common.queue.queue import new_job_id
 from common.secret_box import SEALED_ENV_KEY
 from common.tool_calls import ToolCall
 
@@ -29,11 +30,42 @@ def wants_async(request: Request, body_flag: bool = False) -> bool:
     return body_flag or any(p.strip().lower() == "respond-async" for p in prefer.split(","))
 
 
-async def enqueue(fleet: Fleet, request: Request, job: NewJob, fingerprint: str) -> EnqueueResult:
-    """Enqueue with the request's Idempotency-Key (scoped to the principal by the queue)."""
+async def submit(fleet: Fleet, request: Request, job: NewJob, fingerprint: str, sync: bool,
+                 wait_s: float | None = None) -> Response:
+    """Enqueue the job (with the request's Idempotency-Key), then answer: sync waits up to the
+    configured limit for its result or problem, else (or when async) 202 with the job."""
+    if not sync:
+        return await _accepted(fleet, await _enqueue(fleet, request, job, fingerprint, new_job_id()))
+    limit_s = wait_s if wait_s is not None else fleet.config.jobs.sync_wait_s
+    job_id = new_job_id()
+    # Watched before it exists: the answer then comes from the done notification alone.
+    with fleet.waiter.watch(job_id) as watch:
+        result = await _enqueue(fleet, request, job, fingerprint, job_id)
+        if result.created:
+            outcome = await watch.outcome(limit_s)
+    if not result.created:  # an idempotent replay: that job may have ended long ago
+        with fleet.waiter.follow(result.job_id) as watch:
+            outcome = await watch.outcome(limit_s)
+    if outcome is None:
+        return await _accepted(fleet, result)
+    if outcome.state == JobState.SUCCEEDED:
+        return JSONResponse(outcome.result or {})
+    raise problem_of(result.job_id, outcome)
+
+
+async def _accepted(fleet: Fleet, result: EnqueueResult) -> Response:
+    record = result.record or await fleet.queue.get_job(result.job_id)
+    if record is None:  # expired between enqueue and now: only with absurdly short TTLs
+        raise Conflict("the job expired before it could be answered", job_id=result.job_id)
+    return accepted(record)
+
+
+async def _enqueue(fleet: Fleet, request: Request, job: NewJob, fingerprint: str,
+                   job_id: str) -> EnqueueResult:
     key = request.headers.get("idempotency-key")
     try:
-        result = await fleet.queue.enqueue(job, idempotency_key=key, fingerprint=fingerprint)
+        result = await fleet.queue.enqueue(job, idempotency_key=key, fingerprint=fingerprint,
+                                           job_id=job_id)
     except QueueIdempotencyConflict as err:
         raise IdempotencyConflict(
             "this Idempotency-Key was used with a different request", job_id=err.job_id) from err
@@ -51,26 +83,12 @@ def accepted(job: JobRecord) -> Response:
                         headers={"Location": f"/v1/jobs/{job.id}", "Preference-Applied": "respond-async"})
 
 
-def problem_of(job: JobRecord) -> ApiProblem:
+def problem_of(job_id: str, outcome: Outcome) -> ApiProblem:
     """The problem+json a failed or cancelled job answers with on the sync route."""
-    if job.state == JobState.CANCELLED:
-        return Conflict("the job was cancelled before it finished", job_id=job.id)
-    return ApiProblem.from_dict({**(job.error or {"status": 500, "title": "job failed"}), "job_id": job.id})
-
-
-async def answer(fleet: Fleet, job_id: str, sync: bool, wait_s: float | None = None) -> Response:
-    """Wait for the job (sync) up to the configured limit; answer its body, its problem, or 202."""
-    if sync:
-        limit_s = wait_s if wait_s is not None else fleet.config.jobs.sync_wait_s
-        done = await fleet.waiter.wait(job_id, limit_s)
-        if done is not None and done.terminal:
-            if done.state == JobState.SUCCEEDED:
-                return JSONResponse(done.result or {})
-            raise problem_of(done)
-    job = await fleet.queue.get_job(job_id)
-    if job is None:  # expired between enqueue and now: only with absurdly short TTLs
-        raise Conflict("the job expired before it could be answered", job_id=job_id)
-    return accepted(job)
+    if outcome.state == JobState.CANCELLED:
+        return Conflict("the job was cancelled before it finished", job_id=job_id)
+    problem = outcome.error or {"status": 500, "title": "job failed"}
+    return ApiProblem.from_dict({**problem, "job_id": job_id})
 
 
 def tool_job(fleet: Fleet, principal_id: str, env: str, sid: str, call: ToolCall) -> NewJob:

@@ -13,6 +13,7 @@ import logging
 import redis.asyncio as aioredis
 
 from common.config import Config
+from common.event_loop import run_network_role
 from common.metrics import serve_role_endpoints
 from common.routing import substrate_address
 from common.signals import stop_on_signals
@@ -39,6 +40,7 @@ async def serve_reconciler(config: Config, stop: asyncio.Event, instance_id: str
             endpoints.close()
         # Substrate first: it waits for shielded resume/suspend calls a cancelled pass left running.
         await substrate.close()
+        await reconciler.queue.aclose()
         await redis.aclose()
         log.info("reconciler stopped")
 
@@ -52,4 +54,4 @@ async def _main(config: Config, metrics_port: int) -> None:
 def run_reconciler(config: Config, metrics_port: int) -> None:
     """Entry point of `atefleet reconciler`."""
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_main(config, metrics_port))
+        run_network_role(_main(config, metrics_port))

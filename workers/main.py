@@ -16,6 +16,7 @@ import socket
 import redis.asyncio as aioredis
 
 from common.config import Config
+from common.event_loop import run_network_role
 from common.metrics import serve_role_endpoints
 from common.queue import Consumer, Queue
 from common.routing import make_router, substrate_address
@@ -61,11 +62,10 @@ async def serve_worker(config: Config, worker_id: str, metrics_port: int = 0,
             endpoints.close()
         await actors.close()
         await substrate.close()
+        await queue.aclose()
         await redis.aclose()
         log.info("worker stopped")
 
 
-
-
 def run_worker(config: Config, worker_id: str, metrics_port: int) -> None:
-    asyncio.run(serve_worker(config, worker_id, metrics_port))
+    run_network_role(serve_worker(config, worker_id, metrics_port))

@@ -34,6 +34,7 @@ from redis.asyncio import ConnectionPool
 from redis.exceptions import RedisError
 
 from common.config import Config, WebhookConfig
+from common.event_loop import run_network_role
 from common.job_json import rfc3339
 from common.logs import log_context, redact
 from common.metrics import WEBHOOK_ATTEMPTS, serve_role_endpoints
@@ -205,7 +206,8 @@ class Deliverer:
         self._client = make_client(self._config.webhooks)
         sender = WebhookSender(self._config.webhooks, self._client)
         schedule = self._config.webhooks.retry_schedule_s
-        delivery = WebhookDelivery(Queue(self._pool, self._config), sender, schedule)
+        self._queue = Queue(self._pool, self._config)
+        delivery = WebhookDelivery(self._queue, sender, schedule)
         ctx = {"delivery": delivery}
         self._worker = Worker(**settings, redis_pool=self._pool, handle_signals=False, ctx=ctx)
         events = Keys(self._config.redis_prefix).callbacks
@@ -256,6 +258,7 @@ class Deliverer:
         await asyncio.wait([*remaining, worker])
         with contextlib.suppress(RedisError):
             await self._pool.delete(self._worker.health_check_key)
+        await self._queue.aclose()
         await self._pool.aclose(close_connection_pool=True)
         await self._client.aclose()
 
@@ -281,4 +284,4 @@ async def serve_deliverer(
 
 def run_deliverer(config: Config, redis_url: str, metrics_port: int = 0) -> None:
     """Entry point of `atefleet webhooks`."""
-    asyncio.run(serve_deliverer(config, redis_url, metrics_port))
+    run_network_role(serve_deliverer(config, redis_url, metrics_port))

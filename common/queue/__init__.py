@@ -32,7 +32,7 @@ from common.queue.models import (
 )
 from common.queue.queue import Queue
 from common.queue.scripts import Acquired, Lease
-from common.queue.waiter import JobWaiter
+from common.queue.waiter import JobWaiter, Outcome, Watch
 
 __all__ = [
     "PROBLEM_CANCELLED",
@@ -56,9 +56,11 @@ __all__ = [
     "Lease",
     "LeaseLost",
     "NewJob",
+    "Outcome",
     "Queue",
     "QueueError",
     "RetryLater",
+    "Watch",
     "session_name",
     "split_session",
 ]

@@ -73,7 +73,7 @@ class Keys:
 
     @property
     def done_channel(self) -> str:
-        """Pub/sub channel: `<job id> <state>` on every terminal transition (for JobWaiter)."""
+        """Pub/sub channel: `<job id> <state>[ res|err <json>]` on every terminal transition (JobWaiter)."""
         return f"{self.prefix}ch:done"
 
     @property

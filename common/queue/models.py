@@ -120,6 +120,8 @@ class EnqueueResult:
     job_id: str
     #: False when an idempotency key matched an earlier job with the same fingerprint.
     created: bool
+    #: The record as written (state queued) when created; None for a replay (read it if needed).
+    record: JobRecord | None = None
 
 
 @dataclass
@@ -150,6 +152,17 @@ class JobRecord:
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL_STATES
+
+    @classmethod
+    def queued(cls, job_id: str, job: NewJob, created_ms: int) -> JobRecord:
+        """The record enqueue.lua writes for `job`, without reading it back."""
+        return cls(
+            id=job_id, environment=job.environment, session_id=job.session_id, kind=job.kind,
+            state=JobState.QUEUED, payload=job.payload, principal=job.principal,
+            callback_url=job.callback_url, callback_secret_id=job.callback_secret_id, attempts=0,
+            epoch=0, created_at=created_ms / 1000, started_at=None, finished_at=None, result=None,
+            error=None, cancel_requested=False,
+        )
 
     @classmethod
     def from_fields(cls, job_id: str, raw: Mapping[Any, Any]) -> JobRecord:

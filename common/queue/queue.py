@@ -106,12 +106,21 @@ class Queue:
             events_maxlen=events_maxlen,
         ))
 
+    async def aclose(self) -> None:
+        """Close the queue's own connection; the redis client passed in stays the caller's."""
+        await self.scripts.aclose()
+
     # -- API side --------------------------------------------------------------------------------
     async def enqueue(
-        self, job: NewJob, idempotency_key: str | None = None, fingerprint: str | None = None
+        self, job: NewJob, idempotency_key: str | None = None, fingerprint: str | None = None,
+        job_id: str | None = None,
     ) -> EnqueueResult:
-        """Record the job and append it to its session's FIFO; raises IdempotencyConflict."""
-        (result,) = await self.enqueue_batch([job], [idempotency_key], [fingerprint])
+        """Record the job and append it to its session's FIFO; raises IdempotencyConflict.
+
+        `job_id` (from `new_job_id()`) lets the caller know the id before the job exists, e.g. to
+        watch it with a JobWaiter first."""
+        (result,) = await self.enqueue_batch([job], [idempotency_key], [fingerprint],
+                                             None if job_id is None else [job_id])
         return result
 
     async def enqueue_batch(
@@ -119,19 +128,25 @@ class Queue:
         jobs: Sequence[NewJob],
         idempotency_keys: Sequence[str | None] | None = None,
         fingerprints: Sequence[str | None] | None = None,
+        job_ids: Sequence[str] | None = None,
     ) -> list[EnqueueResult]:
         """All jobs in one script: all or none; per-session order = list order."""
         if not jobs:
             return []
         idem = list(idempotency_keys or [None] * len(jobs))
         prints = list(fingerprints or [None] * len(jobs))
+        ids = list(job_ids or [new_job_id() for _ in jobs])
         # A fingerprint only matters with an idempotency key; hashing is skipped otherwise.
         rows = [
-            (new_job_id(), job, idem[i], prints[i] or (fingerprint_of(job) if idem[i] else ""))
+            (ids[i], job, idem[i], prints[i] or (fingerprint_of(job) if idem[i] else ""))
             for i, job in enumerate(jobs)
         ]
-        done = await self.scripts.enqueue(rows, now_ms())
-        return [EnqueueResult(jid, created) for jid, created in done]
+        created_ms = now_ms()
+        done = await self.scripts.enqueue(rows, created_ms)
+        return [
+            EnqueueResult(jid, created, JobRecord.queued(jid, jobs[i], created_ms) if created else None)
+            for i, (jid, created) in enumerate(done)
+        ]
 
     async def get_job(self, job_id: str) -> JobRecord | None:
         raw = await self.redis.hgetall(self.keys.job(job_id))  # type: ignore[misc]

@@ -26,6 +26,9 @@ from common.queue.models import IdempotencyConflict, JobRecord, LeaseLost, NewJo
 EVENTS_MAXLEN = 1_000_000
 #: Entries kept in the `dlq` stream (approximate trim).
 DLQ_MAXLEN = 10_000
+#: Largest result/error (bytes of JSON) published inline on the done channel. Every API process
+#: receives every note, so big answers are left in the record for the one waiter to read.
+DONE_INLINE_MAX = 16_384
 
 SCRIPT_NAMES = (
     "enqueue", "acquire", "complete", "retry", "release", "renew", "append_output", "take_secrets",
@@ -50,7 +53,7 @@ class ScriptLimits:
             f"local EVENTS_MAXLEN = {self.events_maxlen}\nlocal DLQ_MAXLEN = {DLQ_MAXLEN}\n"
             f"local TTL_MS = {self.ttl_ms}\nlocal END_TTL_MS = {self.end_ttl_ms}\n"
             f"local OUT_MAXLEN = {self.output_maxlen}\nlocal LEASE_TTL_MS = {self.lease_ttl_ms}\n"
-            f"local IDEM_TTL_MS = {self.idempotency_ttl_ms}\n"
+            f"local IDEM_TTL_MS = {self.idempotency_ttl_ms}\nlocal DONE_INLINE_MAX = {DONE_INLINE_MAX}\n"
         )
 
 
@@ -111,6 +114,10 @@ class QueueScripts:
         """Load every script now (else each is loaded on its first NOSCRIPT)."""
         for script in self._s.values():
             await self.redis.script_load(script.source)
+
+    async def aclose(self) -> None:
+        """Close the scripts' own connection (the redis client is the caller's to close)."""
+        await self._batcher.aclose()
 
     async def _run(self, name: str, args: Sequence[RedisArg]) -> Any:
         return await self._batcher.call(self._s[name], (), args)

@@ -1,49 +1,145 @@
 """JobWaiter: wait for jobs to reach a terminal state over one shared pub/sub subscription.
 
-Every terminal transition publishes `<job id> <state>` on the done channel. One subscription per
-process fans those out to the futures of the waiting callers (one Redis connection in total, not
-one per waiting request). A notification can be missed (published before the subscription, or
-while reconnecting), so the record is re-checked after subscribing and after every reconnect.
+Every terminal transition publishes `<job id> <state>` on the done channel, followed by
+` res <json>` or ` err <json>` when that answer is small (see `finish` in lua/_lib.lua). One
+subscription per process fans those out to the futures of the waiting callers (one Redis
+connection in total, not one per waiting request).
+
+A notification can be missed: published before the caller registered, or while the subscription
+was down. Two ways to wait cover that:
+
+- `watch(job_id)` before the job is enqueued (the sync tool-call path): while the subscription
+  holds, the job cannot end unnoticed, so the caller needs no read of the record at all — the
+  answer comes inline in the notification. Only after a resubscription, or when the watch was
+  taken before the first subscription, is the record read.
+- `follow(job_id)` for a job that may already have ended (an idempotent replay), and `wait(job_id)`
+  (long-poll) on top of it: the record is read once subscribed, and `wait` reads it again at the end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+from dataclasses import dataclass
+from typing import Any
 
 from common.queue.leases import listen_forever
-from common.queue.models import JobRecord
+from common.queue.models import JobRecord, JobState
 from common.queue.queue import Queue
 
 log = logging.getLogger("atefleet.queue.waiter")
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """How a job ended: its terminal state and its answer (result or problem), as the sync route
+    needs them."""
+
+    state: JobState
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+    @classmethod
+    def of(cls, job: JobRecord) -> Outcome:
+        return cls(job.state, job.result, job.error)
+
+
+#: What a waiting future resolves to: the outcome read off the notification, or None when the
+#: notification did not carry it (too large, or a re-check) and the record must be read.
+_Note = Outcome | None
+
+
+def parse_note(message: str) -> tuple[str, _Note]:
+    """`<jid> <state>[ res|err <json>]` → (job id, inline outcome or None)."""
+    job_id, _, rest = message.partition(" ")
+    state, _, inline = rest.partition(" ")
+    field, _, value = inline.partition(" ")
+    if field == "res":
+        return job_id, Outcome(JobState(state), result=json.loads(value))
+    if field == "err":
+        return job_id, Outcome(JobState(state), error=json.loads(value))
+    if state == JobState.CANCELLED:
+        return job_id, Outcome(JobState.CANCELLED)
+    return job_id, None
+
+
+class Watch:
+    """Interest in one job, registered with the waiter; `close()` it when done (or use `with`)."""
+
+    def __init__(self, waiter: JobWaiter, job_id: str, generation: int | None) -> None:
+        self.job_id = job_id
+        self._waiter = waiter
+        self._generation = generation
+        self._future: asyncio.Future[_Note] = asyncio.get_running_loop().create_future()
+        waiter._waiting.setdefault(job_id, set()).add(self._future)
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def outcome(self, timeout_s: float) -> Outcome | None:
+        """The job's outcome once terminal; None when it is not within `timeout_s` (or is gone)."""
+        waiter = self._waiter
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                if self._generation is None or self._generation != waiter._generation:
+                    # Not covered by the subscription since before the job could end: read it.
+                    await waiter._subscribed.wait()
+                    job = await waiter.queue.get_job(self.job_id)
+                    if job is None:
+                        return None
+                    if job.terminal:
+                        return Outcome.of(job)
+                note = await self._future
+                if note is not None:
+                    return note
+                job = await waiter.queue.get_job(self.job_id)
+                return Outcome.of(job) if job is not None and job.terminal else None
+        return None
+
+    def close(self) -> None:
+        futures = self._waiter._waiting.get(self.job_id)
+        if futures is not None:
+            futures.discard(self._future)
+            if not futures:
+                del self._waiter._waiting[self.job_id]
+
+
 class JobWaiter:
-    """Shared waiter of one process; `close()` it on shutdown."""
+    """Shared waiter of one process; `start()` it early and `close()` it on shutdown."""
 
     def __init__(self, queue: Queue) -> None:
         self.queue = queue
-        self._waiting: dict[str, set[asyncio.Future[None]]] = {}
+        self._waiting: dict[str, set[asyncio.Future[_Note]]] = {}
         self._subscribed = asyncio.Event()
+        #: Bumped on every (re)subscription: a watch taken under an older one may have missed its job.
+        self._generation = 0
         self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Subscribe in the background (idempotent); watches taken before it is up read the record."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._listen(), name="job-waiter")
+
+    def watch(self, job_id: str) -> Watch:
+        """Register for `job_id` before enqueueing it (see the module docstring)."""
+        self.start()
+        return Watch(self, job_id, self._generation if self._subscribed.is_set() else None)
+
+    def follow(self, job_id: str) -> Watch:
+        """Register for a job that exists already (it may have ended: its record is read)."""
+        self.start()
+        return Watch(self, job_id, None)
 
     async def wait(self, job_id: str, timeout_s: float) -> JobRecord | None:
         """The job once terminal, or as it is when `timeout_s` passes; None if there is no such job."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(job_id, set()).add(fut)
-        try:
-            self._start()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout_s):
-                    await self._subscribed.wait()
-                    job = await self.queue.get_job(job_id)
-                    if job is None or job.terminal:
-                        return job
-                    await fut
-            return await self.queue.get_job(job_id)
-        finally:
-            self._forget(job_id, fut)
+        with self.follow(job_id) as watch:
+            await watch.outcome(timeout_s)
+        return await self.queue.get_job(job_id)
 
     async def close(self) -> None:
         """Stop listening (awaited) and wake nobody: callers still waiting time out."""
@@ -53,34 +149,29 @@ class JobWaiter:
                 await self._task
             self._task = None
 
-    def _start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._listen(), name="job-waiter")
+    def _resolve(self, job_id: str, note: _Note) -> None:
+        for future in self._waiting.get(job_id, ()):
+            if not future.done():
+                future.set_result(note)
 
-    def _forget(self, job_id: str, fut: asyncio.Future[None]) -> None:
-        futs = self._waiting.get(job_id)
-        if futs is not None:
-            futs.discard(fut)
-            if not futs:
-                del self._waiting[job_id]
-
-    def _resolve(self, job_id: str) -> None:
-        for fut in self._waiting.get(job_id, ()):
-            if not fut.done():
-                fut.set_result(None)
+    def _on_message(self, message: str) -> None:
+        job_id = message.partition(" ")[0]
+        if job_id in self._waiting:  # most notifications are for other processes' callers
+            self._resolve(*parse_note(message))
 
     async def _listen(self) -> None:
-        await listen_forever(self.queue.redis, self.queue.keys.done_channel,
-                             lambda data: self._resolve(data.partition(" ")[0]), name="job waiter",
-                             on_subscribed=self._on_subscribed, on_lost=self._subscribed.clear)
+        await listen_forever(self.queue.redis, self.queue.keys.done_channel, self._on_message,
+                             name="job waiter", on_subscribed=self._on_subscribed,
+                             on_lost=self._subscribed.clear)
 
     async def _on_subscribed(self) -> None:
+        self._generation += 1
         self._subscribed.set()
         await self._recheck_all()
 
     async def _recheck_all(self) -> None:
-        """Resolve waiters whose job finished while we were not subscribed."""
+        """Resolve waiters whose job ended while we were not subscribed (they read the record)."""
         for job_id in list(self._waiting):
             job = await self.queue.get_job(job_id)
             if job is None or job.terminal:
-                self._resolve(job_id)
+                self._resolve(job_id, None)

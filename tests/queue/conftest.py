@@ -23,8 +23,10 @@ def queue_config() -> Config:
 
 
 @pytest.fixture
-def queue(redis_client: aioredis.Redis, queue_config: Config) -> Queue:
-    return Queue(redis_client, queue_config)
+async def queue(redis_client: aioredis.Redis, queue_config: Config) -> AsyncIterator[Queue]:
+    queue = Queue(redis_client, queue_config)
+    yield queue
+    await queue.aclose()
 
 
 @pytest.fixture

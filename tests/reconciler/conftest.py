@@ -49,8 +49,10 @@ def config(redis_url: str) -> Config:
 
 
 @pytest.fixture
-def queue(redis_client: aioredis.Redis, config: Config) -> Queue:
-    return Queue(redis_client, config)
+async def queue(redis_client: aioredis.Redis, config: Config) -> AsyncIterator[Queue]:
+    queue = Queue(redis_client, config)
+    yield queue
+    await queue.aclose()
 
 
 @pytest.fixture

@@ -5,7 +5,8 @@
 -- K_ACTIVE, K_WORK, CH_DONE, CH_CANCEL, GROUP and the builders job_key, out_key, sec_key,
 -- fifo_key, sess_key, lease_key, idem_key, index_key.
 -- From the config (common/queue/scripts.py): EVENTS_MAXLEN, DLQ_MAXLEN, TTL_MS (terminal jobs),
--- END_TTL_MS (end-marker-only output streams), OUT_MAXLEN, LEASE_TTL_MS, IDEM_TTL_MS.
+-- END_TTL_MS (end-marker-only output streams), OUT_MAXLEN, LEASE_TTL_MS, IDEM_TTL_MS,
+-- DONE_INLINE_MAX (largest answer carried inline on the done channel).
 
 local TERMINAL = {succeeded = true, failed = true, cancelled = true}
 
@@ -102,7 +103,10 @@ local function finish(jid, session, state, field, value, now)
   emit(jid, session, state, now, f[2])
   -- A finished job is session activity (what idle suspension measures from), in unix seconds.
   redis.call('HSET', sess_key(session), 'last_activity', string.format('%.3f', tonumber(now) / 1000))
-  redis.call('PUBLISH', CH_DONE, jid .. ' ' .. state)
+  -- The waiters' note carries a small answer inline, so a sync caller needs no read of the record.
+  local note = jid .. ' ' .. state
+  if field and #value <= DONE_INLINE_MAX then note = note .. ' ' .. field .. ' ' .. value end
+  redis.call('PUBLISH', CH_DONE, note)
   if redis.call('LLEN', fifo) == 0 then redis.call('ZREM', K_WORK, session) end
   return true
 end

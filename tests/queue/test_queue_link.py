@@ -1,0 +1,98 @@
+"""RedisLink and ScriptBatcher on real Redis: order, errors, script reload, reconnects."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+from common.event_loop import run_network_role
+from common.queue.batcher import LuaScript, ScriptBatcher
+from common.queue.link import RedisLink, encode_command
+
+
+def test_encode_command_is_resp_bulk_strings() -> None:
+    assert encode_command(("SET", "k", b"v\r\n", 3, 1.5)) == (
+        b"*5\r\n$3\r\nSET\r\n$1\r\nk\r\n$3\r\nv\r\n\r\n$1\r\n3\r\n$3\r\n1.5\r\n")
+
+
+async def test_concurrent_commands_get_their_own_replies_in_order(redis_client: aioredis.Redis) -> None:
+    link = RedisLink(redis_client)  # the fixture's URL carries the embedded server's password
+    try:
+        replies = await asyncio.gather(*(link.execute("INCR", f"k{i % 7}") for i in range(700)))
+        values = await asyncio.gather(*(link.execute("GET", f"k{i}") for i in range(7)))
+        echoed = await asyncio.gather(*(link.execute("ECHO", f"e{i}") for i in range(300)))
+    finally:
+        await link.aclose()
+    assert [r for i, r in enumerate(replies) if i % 7 == 0] == list(range(1, 101))
+    assert values == [b"100"] * 7
+    assert echoed == [f"e{i}".encode() for i in range(300)]
+
+
+async def test_error_replies_raise_and_do_not_shift_later_replies(redis_client: aioredis.Redis) -> None:
+    link = RedisLink(redis_client)
+    try:
+        await link.execute("SET", "s", "text")
+        bad, good = await asyncio.gather(link.execute("INCR", "s"), link.execute("GET", "s"),
+                                         return_exceptions=True)
+    finally:
+        await link.aclose()
+    assert isinstance(bad, ResponseError) and good == b"text"
+
+
+async def test_a_cancelled_caller_does_not_take_the_next_reply(redis_client: aioredis.Redis) -> None:
+    link = RedisLink(redis_client)
+    try:
+        await link.execute("PING")
+        slow = asyncio.ensure_future(link.execute("BLPOP", "nothing", 0.2))
+        await asyncio.sleep(0.05)
+        slow.cancel()
+        assert await link.execute("ECHO", "after") == b"after"
+    finally:
+        await link.aclose()
+
+
+async def test_a_killed_connection_fails_in_flight_calls_and_the_next_reconnects(
+    redis_client: aioredis.Redis,
+) -> None:
+    link = RedisLink(redis_client)
+    try:
+        await link.execute("CLIENT", "SETNAME", "link-under-test")
+        blocked = asyncio.ensure_future(link.execute("BLPOP", "never", 10))
+        await asyncio.sleep(0.05)
+        await redis_client.execute_command("CLIENT", "KILL", "SKIPME", "yes", "TYPE", "normal")
+        with pytest.raises(RedisConnectionError):
+            await blocked
+        assert await link.execute("PING") == b"PONG"
+    finally:
+        await link.aclose()
+
+
+async def test_scripts_forgotten_by_redis_are_reloaded(redis_client: aioredis.Redis) -> None:
+    batcher = ScriptBatcher(redis_client)
+    script = LuaScript("return ARGV[1] .. '!'")
+    try:
+        assert await batcher.call(script, (), ["a"]) == b"a!"
+        await redis_client.script_flush()
+        results = await asyncio.gather(*(batcher.call(script, (), [str(i)]) for i in range(20)))
+    finally:
+        await batcher.aclose()
+    assert results == [f"{i}!".encode() for i in range(20)]
+
+
+def test_the_link_runs_on_uvloop(redis_url: str) -> None:
+    """The roles that use it run on uvloop (common.event_loop), whose transports differ."""
+
+    async def main() -> list[object]:
+        client = aioredis.Redis.from_url(redis_url)
+        link = RedisLink(client)
+        try:
+            return list(await asyncio.gather(link.execute("PING"), link.execute("ECHO", "uv")))
+        finally:
+            await link.aclose()
+            await client.aclose()
+
+    assert run_network_role(main()) == [b"PONG", b"uv"]
