@@ -1,10 +1,12 @@
 """Guest benchmark: per-call latency of bash true / read_file 1 KiB / write_file 1 KiB against a
-real guest over its unix socket, next to the raw operation measured in the same run; plus the
-guest's RSS and its time from spawn to ready.
+real guest over its unix socket, next to the raw operation measured in the same run; the guest's
+CPU per call; plus the guest's RSS and its time from spawn to ready.
 
 Calls go through a minimal keep-alive HTTP/1.1 client on the socket, so the figures are the
-guest's cost (HTTP parse, routing, journal fsync, tool) rather than the client library's; the
-GuestClient (httpx) figure is printed too, for the worker's view.
+guest's cost (HTTP parse, routing, journal, tool) rather than the client library's. The worker's
+view goes through GuestClient (common/guest_http.py): its latency and its own CPU per call
+(process_time of this process around the calls, so it includes the event loop), on the stdlib
+loop and on uvloop (the network-only roles' loop, common/event_loop.py).
 
 Run: .venv/bin/python bench/guest.py [--n 400]
 """
@@ -31,10 +33,14 @@ import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
+import uvloop  # noqa: E402
+
 from common.guest_client import GuestClient  # noqa: E402
 from common.guest_protocol import SESSION_HEADER, GuestAddress  # noqa: E402
 
 SESSION = "bench/session"
+#: Untimed calls before each timed block (imports, caches, first journal writes).
+WARMUP = 30
 
 
 class RawClient:
@@ -73,9 +79,18 @@ def percentiles(samples: list[float]) -> tuple[float, float]:
     return statistics.median(ordered) * 1000, ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000
 
 
-def timed(fn: Callable[[int], Any], n: int, warmup: int = 30) -> list[float]:
-    for i in range(warmup):
+def cpu_s(pid: int) -> float:
+    """The process's own CPU so far (utime + stime; children it waited for are not counted)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def warm_up(fn: Callable[[int], Any]) -> None:
+    for i in range(WARMUP):
         fn(-1 - i)
+
+
+def timed(fn: Callable[[int], Any], n: int) -> list[float]:
     out = []
     for i in range(n):
         t = time.perf_counter()
@@ -164,6 +179,8 @@ def main() -> None:
         os.replace(tmpf, ws / "raw_out.txt")
 
     results: dict[str, tuple[float, float]] = {}
+    #: Guest CPU (ms) per call of each guest operation, over its timed block.
+    guest_cpu: dict[str, float] = {}
     # Interleave raw and guest runs so machine noise hits both alike.
     for name, fn in [
         ("raw_spawn", raw_spawn),
@@ -174,20 +191,43 @@ def main() -> None:
         ("write_1k", guest_call("write_file", {"path": "w.txt", "content": payload})),
         ("readyz", lambda _: client.request("GET", "/readyz")),
     ]:
+        warm_up(fn)
+        cpu_before = cpu_s(proc.pid)
         results[name] = percentiles(timed(fn, n))
-        print(f"{name:14s} p50 {results[name][0]:7.3f} ms   p99 {results[name][1]:7.3f} ms")
+        guest_cpu[name] = (cpu_s(proc.pid) - cpu_before) * 1000 / n
+        cpu = f"   guest CPU {guest_cpu[name]:.3f} ms/call" if not name.startswith("raw_") else ""
+        print(f"{name:14s} p50 {results[name][0]:7.3f} ms   p99 {results[name][1]:7.3f} ms{cpu}")
 
-    async def via_guest_client() -> list[float]:
+    async def via_guest_client(tool: str, args: dict[str, Any], count: int) -> tuple[list[float], float]:
+        """Latencies of `count` calls through GuestClient, and this process's CPU (ms) per call."""
         out = []
         async with GuestClient(GuestAddress(uds=str(tmp / "main.sock")), session=SESSION) as gc:
-            for i in range(n // 2):
+            for i in range(WARMUP):
+                await gc.run(f"gcw-{tool}{i}", tool, args)
+            cpu_before = time.process_time()
+            for i in range(count):
                 t = time.perf_counter()
-                await gc.run(f"gc{i}", "bash", {"command": "true"})
+                await gc.run(f"gc-{tool}{i}", tool, args)
                 out.append(time.perf_counter() - t)
-        return out
+            return out, (time.process_time() - cpu_before) * 1000 / count
 
-    gc_p50, gc_p99 = percentiles(asyncio.run(via_guest_client()))
-    print(f"{'bash_true via GuestClient (httpx)':34s} p50 {gc_p50:7.3f} ms   p99 {gc_p99:7.3f} ms")
+    gc_samples, _ = asyncio.run(via_guest_client("bash", {"command": "true"}, n // 2))
+    gc_p50, gc_p99 = percentiles(gc_samples)
+    print(f"{'bash_true via GuestClient':28s} p50 {gc_p50:7.3f} ms   p99 {gc_p99:7.3f} ms")
+    read_1k = ("read_file", {"path": "one_k.txt"}, n)
+    gc_read_samples, client_cpu_read = asyncio.run(via_guest_client(*read_1k))
+    gc_read_p50, gc_read_p99 = percentiles(gc_read_samples)
+    print(
+        f"{'read_1k via GuestClient':28s} p50 {gc_read_p50:7.3f} ms   p99 {gc_read_p99:7.3f} ms"
+        f"   client CPU {client_cpu_read:.3f} ms/call"
+    )
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        uv_samples, client_cpu_read_uv = runner.run(via_guest_client(*read_1k))
+    uv_p50, uv_p99 = percentiles(uv_samples)
+    print(
+        f"{'read_1k GuestClient, uvloop':28s} p50 {uv_p50:7.3f} ms   p99 {uv_p99:7.3f} ms"
+        f"   client CPU {client_cpu_read_uv:.3f} ms/call"
+    )
     rss, hwm = rss_mb(proc.pid)
     proc.terminate()
     proc.wait()
@@ -211,6 +251,12 @@ def main() -> None:
         "raw_write_1k_p50_ms": results["raw_write_1k"][0],
         "readyz_p50_ms": results["readyz"][0],
         "bash_true_guest_client_p50_ms": gc_p50,
+        "read_1k_guest_client_p50_ms": gc_read_p50,
+        "guest_cpu_bash_ms": guest_cpu["bash_true"],
+        "guest_cpu_read_ms": guest_cpu["read_1k"],
+        "guest_cpu_write_ms": guest_cpu["write_1k"],
+        "client_cpu_read_ms": client_cpu_read,
+        "client_cpu_read_uvloop_ms": client_cpu_read_uv,
         "guest_rss_mb": rss,
         "guest_peak_rss_mb": hwm,
         "guest_ready_ms": ready_ms,

@@ -1,50 +1,141 @@
-"""The guest client's HTTP/1.1 transport: h11 over asyncio streams, keep-alive, a small pool.
+"""The guest client's HTTP/1.1 transport: httptools (llhttp, in C) on asyncio Protocols,
+keep-alive, a small pool.
 
-Why not httpx here: a worker makes one guest request per tool call, and httpx spent ~0.8 ms of
-CPU per request (measured with py-spy in bench/e2e.py) — the largest single cost of a call. h11
-(the protocol engine httpx and uvicorn use themselves) with a tiny pool costs a fraction of it.
-The guest speaks only JSON request/response, so this transport does exactly that and no more:
-no redirects, no cookies, no streaming bodies.
+Why not httpx, nor h11 over streams: a worker makes one guest request per tool call; httpx spent
+~0.8 ms of CPU per request and h11 (pure Python) with StreamReader/StreamWriter still a large part
+of the worker's guest transport (py-spy, bench/e2e.py). Here the parsing is in C, the constant
+header bytes are built once per client, and a request is one write. The guest speaks only JSON
+request/response, so this transport does exactly that and no more: no redirects, no cookies, no
+streaming bodies. Answers may be chunked (a router in front of a guest may chunk them).
 
-Errors are builtin ones for the caller to translate: OSError (connect/reset/missing socket),
-TimeoutError, and ProtocolError for a malformed answer.
+Errors are builtin ones for the caller to translate: OSError (connect/reset/missing socket;
+ConnectionResetError when the peer closes mid-answer), TimeoutError, and ProtocolError for a
+malformed answer or an unsendable request. A connection is reused only after a complete answer
+that allows keep-alive; never after a timeout, a cancel or an error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import cast
 from urllib.parse import urlencode, urlsplit
 
-import h11
+import httptools
 
-#: Bytes read from the socket at a time.
-READ_BYTES = 65536
 #: Idle connections kept per client (a worker rarely has more than one call in flight per guest).
 MAX_IDLE = 4
+
+#: A request target or header as it may go on the wire: no spaces or control characters, so no
+#: caller-supplied value can split or smuggle a request.
+_TARGET = re.compile(r"[\x21-\x7e]+")
+_HEADER_VALUE = re.compile(r"[\x20-\x7e\x80-\xff]*")
 
 
 class ProtocolError(Exception):
     """The peer answered something that is not a well-formed HTTP/1.1 response."""
 
 
-@dataclass
-class _Conn:
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-    h11: h11.Connection
+class _Conn(asyncio.Protocol):
+    """One keep-alive connection carrying one request at a time."""
+
+    _transport: asyncio.Transport  # set by connection_made, before any other callback
+
+    def __init__(self) -> None:
+        self._parser = httptools.HttpResponseParser(self)
+        #: The answer of the request in flight; None between requests.
+        self._answer: asyncio.Future[tuple[int, bytes]] | None = None
+        self._body: list[bytes] = []
+        #: Whether the answer's head is in, and whether it gave a length or chunking (if not, the
+        #: body ends when the peer closes).
+        self._head_done = False
+        self._framed = False
+        #: False once the connection must not carry another request.
+        self.reusable = True
+
+    def send(self, data: bytes) -> asyncio.Future[tuple[int, bytes]]:
+        """Write one request; the future resolves with (status, body) once the answer is complete."""
+        self._answer = answer = asyncio.get_running_loop().create_future()
+        self._body, self._head_done, self._framed = [], False, False
+        self.reusable = False  # until a complete keep-alive answer says otherwise
+        self._transport.write(data)
+        return answer
 
     def close(self) -> None:
-        self.writer.close()
+        self.reusable = False
+        self._transport.close()
+
+    # ---- asyncio.Protocol ------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # a stream socket's transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as err:
+            self._fail(ProtocolError(f"malformed answer from the guest: {err!r}"))
+
+    def eof_received(self) -> bool:
+        if self._head_done and not self._framed:
+            self._finish(keep_alive=False)  # an answer without a length ends at the peer's close
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        err = ConnectionResetError("the guest closed the connection mid-answer")
+        err.__cause__ = exc
+        self._fail(err)
+
+    # ---- httptools callbacks ---------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if self._answer is None:
+            self.close()  # an answer nobody asked for: the stream is out of step
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() in (b"content-length", b"transfer-encoding"):
+            self._framed = True
+
+    def on_headers_complete(self) -> None:
+        self._head_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if status < 200:
+            self._body, self._head_done, self._framed = [], False, False
+            return  # an interim answer (e.g. 103 Early Hints): the real one follows
+        self._finish(self._parser.should_keep_alive())
+
+    # ---- outcome ---------------------------------------------------------------------------
+    def _finish(self, keep_alive: bool) -> None:
+        answer, self._answer = self._answer, None
+        if answer is None or answer.done():
+            self.close()  # nobody waits for it any more (timed out or cancelled)
+            return
+        self.reusable = keep_alive
+        answer.set_result((self._parser.get_status_code(), b"".join(self._body)))
+
+    def _fail(self, err: Exception) -> None:
+        answer, self._answer = self._answer, None
+        self.close()
+        if answer is not None and not answer.done():
+            answer.set_exception(err)
 
 
 class GuestHTTP:
     """JSON over HTTP/1.1 to one guest: a unix socket (`uds`) or `base_url` (http or https)."""
 
-    def __init__(self, base_url: str, uds: str | None, headers: dict[str, str],
-                 tls: ssl.SSLContext | None, connect_timeout_s: float) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        uds: str | None,
+        headers: dict[str, str],
+        tls: ssl.SSLContext | None,
+        connect_timeout_s: float,
+    ) -> None:
         url = urlsplit(base_url)
         self._uds = uds
         self._host = url.hostname or "guest"
@@ -53,74 +144,68 @@ class GuestHTTP:
         self._prefix = url.path.rstrip("/")
         extra = {k.lower(): v for k, v in headers.items()}
         # Cluster routing selects the actor by Host header: an explicit one wins over the URL's.
-        self._headers = [("host", extra.pop("host", url.netloc or self._host)), *extra.items()]
+        self._head_fields = _header_bytes({"host": extra.pop("host", url.netloc or self._host), **extra})
         self._connect_timeout_s = connect_timeout_s
         self._idle: list[_Conn] = []
 
     async def _connect(self) -> _Conn:
+        loop = asyncio.get_running_loop()
         async with asyncio.timeout(self._connect_timeout_s):
             if self._uds:
-                reader, writer = await asyncio.open_unix_connection(self._uds)
+                _, conn = await loop.create_unix_connection(_Conn, self._uds)
             else:
-                reader, writer = await asyncio.open_connection(self._host, self._port, ssl=self._tls)
-        return _Conn(reader, writer, h11.Connection(our_role=h11.CLIENT))
+                _, conn = await loop.create_connection(_Conn, self._host, self._port, ssl=self._tls)
+        return conn
 
-    async def request(self, method: str, path: str, *, params: Mapping[str, object] | None = None,
-                      body: bytes | None = None, timeout_s: float) -> tuple[int, bytes]:
-        """One request/response; the connection goes back to the pool when both sides are done."""
+    def _head(self, method: str, path: str, params: Mapping[str, object] | None, body: bytes | None) -> bytes:
         target = self._prefix + path + (f"?{urlencode(params)}" if params else "")
-        headers = list(self._headers)
-        if body is not None:
-            headers += [("content-type", "application/json"), ("content-length", str(len(body)))]
-        conn = self._idle.pop() if self._idle else await self._connect()
+        if not _TARGET.fullmatch(target):
+            raise ProtocolError(f"request target {target!r} cannot be sent")
+        length = (
+            b"" if body is None else b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body)
+        )
+        return b"%s %s HTTP/1.1\r\n%s%s\r\n" % (method.encode(), target.encode(), self._head_fields, length)
+
+    def _take(self) -> _Conn | None:
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.reusable:  # the guest may have closed it while it sat idle
+                return conn
+        return None
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, object] | None = None,
+        body: bytes | None = None,
+        timeout_s: float,
+    ) -> tuple[int, bytes]:
+        """One request/response; the connection goes back to the pool after a complete answer."""
+        data = self._head(method, path, params, body) + (body or b"")
+        conn = self._take() or await self._connect()
         try:
             async with asyncio.timeout(timeout_s):
-                status, data = await self._exchange(conn, method, target, headers, body)
+                answer = await conn.send(data)
         except BaseException:
             conn.close()
             raise
-        self._release(conn)
-        return status, data
-
-    async def _exchange(self, conn: _Conn, method: str, target: str, headers: list[tuple[str, str]],
-                        body: bytes | None) -> tuple[int, bytes]:
-        try:
-            out = conn.h11.send(h11.Request(method=method, target=target, headers=headers))
-            if body:
-                out += conn.h11.send(h11.Data(data=body))
-            out += conn.h11.send(h11.EndOfMessage())
-        except h11.LocalProtocolError as err:
-            raise ProtocolError(str(err)) from err
-        conn.writer.write(out)
-        await conn.writer.drain()
-        status, chunks = 0, []
-        while True:
-            try:
-                event = conn.h11.next_event()
-            except h11.RemoteProtocolError as err:
-                raise ProtocolError(str(err)) from err
-            if event is h11.NEED_DATA:
-                data = await conn.reader.read(READ_BYTES)
-                if not data and conn.h11.their_state is not h11.DONE:
-                    raise ConnectionResetError("the guest closed the connection mid-answer")
-                conn.h11.receive_data(data)
-            elif isinstance(event, h11.Response):
-                status = event.status_code
-            elif isinstance(event, h11.Data):
-                chunks.append(bytes(event.data))
-            elif isinstance(event, h11.EndOfMessage):
-                return status, b"".join(chunks)
-            elif isinstance(event, h11.ConnectionClosed):
-                raise ConnectionResetError("the guest closed the connection")
-
-    def _release(self, conn: _Conn) -> None:
-        if conn.h11.our_state is h11.DONE and conn.h11.their_state is h11.DONE and len(self._idle) < MAX_IDLE:
-            conn.h11.start_next_cycle()
+        if conn.reusable and len(self._idle) < MAX_IDLE:
             self._idle.append(conn)
         else:
             conn.close()
+        return answer
 
     async def aclose(self) -> None:
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+
+
+def _header_bytes(headers: dict[str, str]) -> bytes:
+    """The constant header lines of every request, checked once so none can break the head."""
+    for name, value in headers.items():
+        if not _TARGET.fullmatch(name) or ":" in name or not _HEADER_VALUE.fullmatch(value):
+            raise ValueError(f"header {name!r} cannot be sent")
+    return "".join(f"{name}: {value}\r\n" for name, value in headers.items()).encode("latin-1")
