@@ -29,6 +29,9 @@ def run_api(config: Config) -> None:
         http="httptools",
         log_config=None,
         access_log=False,
+        # Nothing reads the client address (rate limits are per principal, no access log), so
+        # rewriting it from X-Forwarded-For on every request is work for nothing.
+        proxy_headers=False,
         timeout_graceful_shutdown=10,
         limit_concurrency=20000,
         backlog=4096,

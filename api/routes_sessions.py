@@ -40,8 +40,9 @@ async def _lifecycle(request: Request, env: str, sid: str, kind: JobKind, **payl
     url, secret_id = parse_callback(body, fleet.config.webhooks.secrets.keys())
     job = NewJob(environment=env, session_id=sid, kind=kind, payload=payload, principal=principal.id,
                  callback_url=url, callback_secret_id=secret_id)
-    fp = f"{job.session}:{kind}:{sorted(payload.items())}:{url}:{secret_id}"
-    return await submit(fleet, request, job, fp, sync=not wants_async(request, body.get("async") is True))
+    return await submit(fleet, request, job,
+                        lambda: f"{job.session}:{kind}:{sorted(payload.items())}:{url}:{secret_id}",
+                        sync=not wants_async(request, body.get("async") is True))
 
 
 @router.post("/{sid}/resume", summary="Create (if needed) and resume the session's actor",
@@ -76,7 +77,7 @@ async def execute(request: Request, env: str, sid: Sid) -> Response:
     if call.name not in environment.allowed_tools:
         return JSONResponse(render_tool_not_allowed(call, env))
     job = tool_job(fleet, principal.id, env, sid, call)
-    return await submit(fleet, request, job, fingerprint(call, job.session),
+    return await submit(fleet, request, job, lambda: fingerprint(call, job.session),
                         sync=not wants_async(request, call.is_async))
 
 

@@ -7,6 +7,7 @@ the translation of a failed job into problem+json behave the same everywhere.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -30,10 +31,12 @@ def wants_async(request: Request, body_flag: bool = False) -> bool:
     return body_flag or any(p.strip().lower() == "respond-async" for p in prefer.split(","))
 
 
-async def submit(fleet: Fleet, request: Request, job: NewJob, fingerprint: str, sync: bool,
+async def submit(fleet: Fleet, request: Request, job: NewJob, fingerprint: Callable[[], str], sync: bool,
                  wait_s: float | None = None) -> Response:
     """Enqueue the job (with the request's Idempotency-Key), then answer: sync waits up to the
-    configured limit for its result or problem, else (or when async) 202 with the job."""
+    configured limit for its result or problem, else (or when async) 202 with the job.
+
+    `fingerprint` gives the request's canonical hash; it is only computed under an Idempotency-Key."""
     if not sync:
         return await _accepted(fleet, await _enqueue(fleet, request, job, fingerprint, new_job_id()))
     limit_s = wait_s if wait_s is not None else fleet.config.jobs.sync_wait_s
@@ -60,20 +63,21 @@ async def _accepted(fleet: Fleet, result: EnqueueResult) -> Response:
     return accepted(record)
 
 
-async def _enqueue(fleet: Fleet, request: Request, job: NewJob, fingerprint: str,
+async def _enqueue(fleet: Fleet, request: Request, job: NewJob, fingerprint: Callable[[], str],
                    job_id: str) -> EnqueueResult:
     key = request.headers.get("idempotency-key")
     try:
-        result = await fleet.queue.enqueue(job, idempotency_key=key, fingerprint=fingerprint,
-                                           job_id=job_id)
+        result = await fleet.queue.enqueue(job, idempotency_key=key, job_id=job_id,
+                                           fingerprint=fingerprint() if key else None)
     except QueueIdempotencyConflict as err:
         raise IdempotencyConflict(
             "this Idempotency-Key was used with a different request", job_id=err.job_id) from err
     if result.created:
         JOBS_ENQUEUED.labels(kind=str(job.kind)).inc()
-    log.debug("job accepted", extra={"fields": {
-        "job": result.job_id, "session": job.session, "principal": job.principal, "kind": str(job.kind),
-        "replayed": not result.created}})
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("job accepted", extra={"fields": {
+            "job": result.job_id, "session": job.session, "principal": job.principal,
+            "kind": str(job.kind), "replayed": not result.created}})
     return result
 
 
