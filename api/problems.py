@@ -37,6 +37,8 @@ from typing import Any, ClassVar
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
@@ -286,6 +288,13 @@ async def _render_http_exception(request: Request, exc: Exception) -> Response:
     return await _render(request, from_http_exception(exc))
 
 
+async def _render_redis_unreachable(request: Request, exc: Exception) -> Response:
+    # Redis restarting or unreachable: a retry soon will do (an Idempotency-Key makes it safe
+    # when the request may have been enqueued before the connection dropped).
+    return await _render(request, Unavailable("the job queue (Redis) is unreachable; retry shortly",
+                                              retry_after_s=1))
+
+
 async def _render_unexpected(request: Request, exc: Exception) -> Response:
     # Never leak internals to the client. Starlette re-raises after this answer, so the server
     # logs the traceback once.
@@ -297,4 +306,6 @@ def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiProblem, _render)
     app.add_exception_handler(RequestValidationError, _render_validation_error)
     app.add_exception_handler(StarletteHTTPException, _render_http_exception)
+    app.add_exception_handler(RedisConnectionError, _render_redis_unreachable)
+    app.add_exception_handler(RedisTimeoutError, _render_redis_unreachable)
     app.add_exception_handler(Exception, _render_unexpected)

@@ -82,6 +82,7 @@ def _supervision_and_clean_stop(fleet: RunningFleet, tmp_path: Path) -> None:
         _wait(lambda r=role: _children(fleet).get(r) not in (None, roles[r]), what=f"{role} restart")
     _wait(lambda: _ready(fleet), what="api ready again")
     assert "restarting" in fleet.log()
+    _redis_outage_is_a_503(fleet)
     # when Ctrl-C, then every process ends and no lock is left
     pids = set(_children(fleet).values()) | {fleet.process.pid}
     fleet.process.send_signal(signal.SIGINT)
@@ -97,6 +98,32 @@ def _supervision_and_clean_stop(fleet: RunningFleet, tmp_path: Path) -> None:
             assert _bash(c, "keep", "cat kept.txt")["output"] == "survived\n"
     finally:
         again.stop()
+
+
+def _redis_outage_is_a_503(fleet: RunningFleet) -> None:
+    """When the embedded Redis is SIGKILLed, callers get 503 problems with Retry-After (never a
+    500 or a hang) until the supervisor has it back, and then calls work again."""
+    port = (fleet.state_dir / "redis" / "port").read_text().strip()
+    pid = int(subprocess.check_output(["pgrep", "-f", f"redis-server .*:{port}"]).split()[0])
+    statuses: list[int] = []
+    with fleet.client(timeout_s=60) as c:
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            body = {"call_id": "c", "type": "function_call",
+                    "function": {"name": "bash", "arguments": json.dumps({"command": "echo up"})}}
+            r = c.post("/v1/environments/my-env/sessions/keep", json=body)
+            statuses.append(r.status_code)
+            if r.status_code == 503:
+                assert r.headers["content-type"] == "application/problem+json"
+                assert r.headers["retry-after"] == "1" and r.json()["type"].endswith("/unavailable")
+            elif r.status_code == 200 and r.json()["output"] == "up\n":
+                break
+            time.sleep(0.05)
+        assert set(statuses) <= {200, 202, 503}, statuses
+        assert statuses[-1] == 200, statuses
+        for _ in range(3):
+            assert _bash(c, "keep", "cat kept.txt")["output"] == "survived\n"
 
 
 def _config_of(fleet: RunningFleet) -> dict[str, object]:
