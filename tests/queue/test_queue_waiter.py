@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
 from queue_testkit import job, wait_for
 
@@ -77,79 +79,64 @@ async def _ge(redis: aioredis.Redis, n: int) -> bool:
     return await pubsub_clients(redis) >= n
 
 
-async def subscribed(waiter: JobWaiter, redis: aioredis.Redis) -> None:
+@pytest.fixture
+async def live_waiter(queue: Queue, redis_client: aioredis.Redis) -> AsyncIterator[JobWaiter]:
+    """A waiter whose subscription is up (watches taken now rely on notifications alone)."""
+    waiter = JobWaiter(queue)
     waiter.start()
-    await wait_for(lambda: _ge(redis, 1), 5, "subscription")
+    await wait_for(lambda: _ge(redis_client, 1), 5, "subscription")
     await asyncio.wait_for(waiter._subscribed.wait(), 5)
+    yield waiter
+    await waiter.close()
 
 
 async def test_watched_before_enqueue_answers_from_the_notification_alone(
-    queue: Queue, redis_client: aioredis.Redis
+    queue: Queue, redis_client: aioredis.Redis, live_waiter: JobWaiter
 ) -> None:
     """The sync path: watch, enqueue, finish; the record is deleted before the answer is awaited,
     so only the notification can have carried it."""
-    waiter = JobWaiter(queue)
-    try:
-        await subscribed(waiter, redis_client)
-        job_id = new_job_id()
-        with waiter.watch(job_id) as watch:
-            await queue.enqueue(job("s", 0), job_id=job_id)
-            await finish(queue, result={"output": "hi"})
-            await redis_client.delete(queue.keys.job(job_id))
-            outcome = await watch.outcome(5)
-    finally:
-        await waiter.close()
+    job_id = new_job_id()
+    with live_waiter.watch(job_id) as watch:
+        await queue.enqueue(job("s", 0), job_id=job_id)
+        await finish(queue, result={"output": "hi"})
+        await redis_client.delete(queue.keys.job(job_id))
+        outcome = await watch.outcome(5)
     assert outcome == Outcome(JobState.SUCCEEDED, result={"output": "hi"})
-    assert waiter._waiting == {}
+    assert live_waiter._waiting == {}
 
 
-async def test_large_answer_is_read_from_the_record(queue: Queue, redis_client: aioredis.Redis) -> None:
-    waiter = JobWaiter(queue)
+async def test_large_answer_is_read_from_the_record(queue: Queue, live_waiter: JobWaiter) -> None:
     big = {"output": "x" * (DONE_INLINE_MAX + 1)}
-    try:
-        await subscribed(waiter, redis_client)
-        job_id = new_job_id()
-        with waiter.watch(job_id) as watch:
-            await queue.enqueue(job("s", 0), job_id=job_id)
-            await finish(queue, result=big)
-            outcome = await watch.outcome(5)
-    finally:
-        await waiter.close()
+    job_id = new_job_id()
+    with live_waiter.watch(job_id) as watch:
+        await queue.enqueue(job("s", 0), job_id=job_id)
+        await finish(queue, result=big)
+        outcome = await watch.outcome(5)
     assert outcome == Outcome(JobState.SUCCEEDED, result=big)
 
 
-async def test_follow_sees_a_job_that_ended_before_it(queue: Queue, redis_client: aioredis.Redis) -> None:
+async def test_follow_sees_a_job_that_ended_before_it(queue: Queue, live_waiter: JobWaiter) -> None:
     """An idempotent replay follows a job that may have ended long ago: no notification will come."""
-    waiter = JobWaiter(queue)
-    try:
-        await subscribed(waiter, redis_client)
-        res = await queue.enqueue(job("s", 0))
-        await finish(queue)
-        with waiter.follow(res.job_id) as watch:
-            outcome = await watch.outcome(5)
-        with waiter.watch("no-such-job") as watch:
-            missing = await watch.outcome(0.05)
-    finally:
-        await waiter.close()
+    res = await queue.enqueue(job("s", 0))
+    await finish(queue)
+    with live_waiter.follow(res.job_id) as watch:
+        outcome = await watch.outcome(5)
+    with live_waiter.watch("no-such-job") as watch:
+        missing = await watch.outcome(0.05)
     assert outcome == Outcome(JobState.SUCCEEDED, result={"ok": 1})
     assert missing is None
 
 
 async def test_watch_taken_before_a_resubscription_reads_the_record(
-    queue: Queue, redis_client: aioredis.Redis
+    queue: Queue, redis_client: aioredis.Redis, live_waiter: JobWaiter
 ) -> None:
     """A watch registered under one subscription whose notification fell into the reconnect gap."""
-    waiter = JobWaiter(queue)
-    try:
-        await subscribed(waiter, redis_client)
-        job_id = new_job_id()
-        with waiter.watch(job_id) as watch:
-            await queue.enqueue(job("s", 0), job_id=job_id)
-            generation = waiter._generation
-            await redis_client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
-            await finish(queue)
-            outcome = await watch.outcome(10)
-    finally:
-        await waiter.close()
+    job_id = new_job_id()
+    with live_waiter.watch(job_id) as watch:
+        await queue.enqueue(job("s", 0), job_id=job_id)
+        generation = live_waiter._generation
+        await redis_client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+        await finish(queue)
+        outcome = await watch.outcome(10)
     assert outcome == Outcome(JobState.SUCCEEDED, result={"ok": 1})
-    assert waiter._generation > generation
+    assert live_waiter._generation > generation
