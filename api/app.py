@@ -1,4 +1,4 @@
-"""The FastAPI application: clients opened in the lifespan, routes, problem handlers, middleware.
+"""The API application: clients opened in the lifespan, routes, problem handlers, body limit.
 
 The API is stateless: everything it knows is in Redis. Each process holds one Redis connection
 pool, one `Queue`, and one `JobWaiter` (one pub/sub subscription shared by every request that
@@ -12,10 +12,12 @@ from contextlib import asynccontextmanager
 
 import redis.asyncio as aioredis
 from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from api.auth import Authenticator
 from api.body_limit import BodyLimitMiddleware
 from api.fleet import Fleet
+from api.hot_path import HotPath
 from api.problems import install_problem_handlers
 from api.rate_limit import RateLimiter
 from api.routes_jobs import router as jobs_router
@@ -29,7 +31,8 @@ from common.secret_box import SecretBox, load_key
 REDIS_POOL_SIZE = 256
 
 
-def create_app(config: Config, redis_url: str | None = None) -> FastAPI:
+def create_app(config: Config, redis_url: str | None = None) -> ASGIApp:
+    """The API as served: the body limit, then the tool-call route (`api.hot_path`), then FastAPI."""
     url = redis_url or config.redis.url
     if not url:
         raise SystemExit("atefleet api: redis.url (or $ATEFLEET_REDIS_URL) is required; "
@@ -55,9 +58,8 @@ def create_app(config: Config, redis_url: str | None = None) -> FastAPI:
     app = FastAPI(title="atefleet", version="0.1.0", lifespan=lifespan,
                   description="Run AI agents' tool calls in per-session sandboxed actors on Agent Substrate.")
     install_problem_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=config.api.body_max_bytes)
-    # Routes are matched in this order: the hottest first (every tool call is a sessions route).
+    # Routes are matched in this order: the most used first.
     app.include_router(sessions_router)
     app.include_router(jobs_router)
     app.include_router(meta_router)
-    return app
+    return BodyLimitMiddleware(HotPath(app), max_bytes=config.api.body_max_bytes)

@@ -270,42 +270,30 @@ def from_http_exception(exc: StarletteHTTPException) -> ApiProblem:
     return problem
 
 
+def as_problem(exc: Exception) -> ApiProblem:
+    """The problem answering an exception raised while handling a request (`InternalError` for
+    anything unexpected: internals never leak to the client)."""
+    if isinstance(exc, ApiProblem):
+        return exc
+    if isinstance(exc, RequestValidationError):
+        return from_validation_error(exc)
+    if isinstance(exc, StarletteHTTPException):
+        return from_http_exception(exc)
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError):
+        # Redis restarting or unreachable: a retry soon will do (an Idempotency-Key makes it safe
+        # when the request may have been enqueued before the connection dropped).
+        return Unavailable("the job queue (Redis) is unreachable; retry shortly", retry_after_s=1)
+    return InternalError()
+
+
 async def _render(request: Request, exc: Exception) -> Response:
-    """The one handler: every ApiProblem subclass reaches it through Starlette's MRO lookup."""
-    problem = exc if isinstance(exc, ApiProblem) else InternalError()
-    return problem_response(problem, request.url.path)
-
-
-async def _render_validation_error(request: Request, exc: Exception) -> Response:
-    if not isinstance(exc, RequestValidationError):
-        return await _render(request, exc)
-    return await _render(request, from_validation_error(exc))
-
-
-async def _render_http_exception(request: Request, exc: Exception) -> Response:
-    if not isinstance(exc, StarletteHTTPException):
-        return await _render(request, exc)
-    return await _render(request, from_http_exception(exc))
-
-
-async def _render_redis_unreachable(request: Request, exc: Exception) -> Response:
-    # Redis restarting or unreachable: a retry soon will do (an Idempotency-Key makes it safe
-    # when the request may have been enqueued before the connection dropped).
-    return await _render(request, Unavailable("the job queue (Redis) is unreachable; retry shortly",
-                                              retry_after_s=1))
-
-
-async def _render_unexpected(request: Request, exc: Exception) -> Response:
-    # Never leak internals to the client. Starlette re-raises after this answer, so the server
-    # logs the traceback once.
-    return problem_response(InternalError(), request.url.path)
+    """The one handler, for every exception class registered below. For unexpected ones Starlette
+    re-raises after this answer, so the server logs the traceback once."""
+    return problem_response(as_problem(exc), request.url.path)
 
 
 def install_problem_handlers(app: FastAPI) -> None:
     """Answer every error of `app` with problem+json (ApiProblem, validation, HTTP, unexpected)."""
-    app.add_exception_handler(ApiProblem, _render)
-    app.add_exception_handler(RequestValidationError, _render_validation_error)
-    app.add_exception_handler(StarletteHTTPException, _render_http_exception)
-    app.add_exception_handler(RedisConnectionError, _render_redis_unreachable)
-    app.add_exception_handler(RedisTimeoutError, _render_redis_unreachable)
-    app.add_exception_handler(Exception, _render_unexpected)
+    for exc_class in (ApiProblem, RequestValidationError, StarletteHTTPException, RedisConnectionError,
+                      RedisTimeoutError, Exception):
+        app.add_exception_handler(exc_class, _render)

@@ -149,3 +149,17 @@ async def test_unexpected_errors_are_500_without_internals(asgi_client: Any) -> 
     assert response.headers["content-type"] == "application/problem+json"
     assert response.json()["type"] == TYPE + "internal"
     assert "secret internals" not in response.text
+
+
+def test_as_problem_maps_what_a_route_can_raise() -> None:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    known = p.NotFound("gone")
+    assert p.as_problem(known) is known
+    for redis_down in (RedisConnectionError("refused"), RedisTimeoutError("slow")):
+        problem = p.as_problem(redis_down)
+        assert problem.status == 503 and problem.headers["Retry-After"] == "1"
+    unexpected = p.as_problem(ValueError("internal detail"))
+    assert isinstance(unexpected, p.InternalError)
+    assert "internal detail" not in str(unexpected.to_dict())
