@@ -9,7 +9,6 @@ renewals also report them, in case a message was missed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -22,7 +21,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from common.metrics import LEASE_LOSSES
 from common.queue.context import JobContext
-from common.queue.models import text
+from common.queue.link import RedisLink
 from common.queue.queue import Queue
 from common.queue.scripts import Lease
 
@@ -45,18 +44,18 @@ async def listen_forever(redis: Redis, channel: str, on_message: Callable[[str],
     each (re)subscription so the caller can re-check what the gap may have hidden, `on_lost` when
     it drops. One such loop per process and channel (saq's multiplexer idea), never one per waiter.
     """
+    link = RedisLink(redis)  # a hiredis connection of its own: a message costs a few µs, not redis-py's ~40
     backoff = BACKOFF_MIN_S
+
+    async def subscribed() -> None:
+        nonlocal backoff
+        backoff = BACKOFF_MIN_S
+        if on_subscribed is not None:
+            await on_subscribed()
+
     while True:
-        pubsub = redis.pubsub()
         try:
-            await pubsub.subscribe(channel)
-            backoff = BACKOFF_MIN_S
-            if on_subscribed is not None:
-                await on_subscribed()
-            while True:
-                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                if msg is not None:
-                    on_message(text(msg["data"]))
+            await link.listen(channel, on_message, subscribed)
         except Exception as err:  # resubscribe whatever happened; the caller's re-check covers the gap
             if on_lost is not None:
                 on_lost()
@@ -65,9 +64,6 @@ async def listen_forever(redis: Redis, channel: str, on_message: Callable[[str],
             log.info("%s: subscription lost (%s); resubscribing in %.2f s", name, err, backoff)
             await asyncio.sleep(backoff)
             backoff = min(BACKOFF_MAX_S, backoff * 2)
-        finally:
-            with contextlib.suppress(*TRANSIENT):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
 
 
 @dataclass

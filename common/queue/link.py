@@ -9,6 +9,8 @@ that was a fifth of the API's CPU per call in bench/e2e.py. This link is the min
 - commands issued in the same event-loop iteration go out in one write (one system call);
 - replies are parsed by hiredis, the C parser redis-py itself uses.
 
+`listen()` subscribes to a pub/sub channel the same way, on a connection of its own.
+
 A broken connection fails every command in flight with ConnectionError (callers already retry
 those: the queue's scripts are idempotent or fenced) and the next command reconnects. Connection
 settings (host, port or unix path, TLS, username, password, db) are the redis-py client's own.
@@ -20,6 +22,7 @@ import asyncio
 import collections
 import socket
 import ssl
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import hiredis
@@ -53,15 +56,18 @@ def _reply_error(message: str) -> ResponseError:
 
 class _Protocol(asyncio.Protocol):
     """The connection: an output buffer flushed once per loop iteration, and the FIFO of the
-    futures awaiting replies."""
+    futures awaiting replies. Replies nobody awaits (pub/sub pushes) go to `on_push`."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_push: Callable[[Any], None] | None = None) -> None:
         self._loop = loop
         self._reader = hiredis.Reader(replyError=ResponseError, encoding=None)
         self._waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
         self._out: list[bytes] = []
         self._transport: asyncio.Transport | None = None
+        self._on_push = on_push
         self.closed = False
+        #: Done when the connection is gone.
+        self.lost: asyncio.Future[None] = loop.create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A write transport whatever its class (uvloop's do not subclass asyncio.Transport).
@@ -89,6 +95,10 @@ class _Protocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._reader.feed(data)
         while (reply := self._reader.gets()) is not False:
+            if not self._waiting:
+                if self._on_push is not None:
+                    self._on_push(reply)
+                continue
             future = self._waiting.popleft()
             if future.done():
                 continue  # its caller was cancelled; the reply still had to be consumed in order
@@ -99,6 +109,8 @@ class _Protocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if not self.lost.done():
+            self.lost.set_result(None)
         error = RedisConnectionError(f"connection to Redis lost: {exc or 'closed'}")
         while self._waiting:
             future = self._waiting.popleft()
@@ -128,6 +140,26 @@ class RedisLink:
             protocol = await self._connection()
         return await protocol.send(encode_command(args))
 
+    async def listen(self, channel: str, on_message: Callable[[str], None],
+                     on_subscribed: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Subscribe to `channel` on a connection of its own and hand each message (as text) to
+        `on_message`, then `on_subscribed()` once the subscription is confirmed. Never returns:
+        raises ConnectionError when the connection drops (the caller resubscribes)."""
+
+        def push(reply: Any) -> None:
+            if isinstance(reply, list) and len(reply) == 3 and reply[0] == b"message":
+                on_message(reply[2].decode())
+
+        protocol = await self._connect(push)
+        try:
+            await protocol.send(encode_command(("SUBSCRIBE", channel)))
+            if on_subscribed is not None:
+                await on_subscribed()
+            await protocol.lost
+        finally:
+            protocol.close()
+        raise RedisConnectionError(f"subscription to {channel} lost")
+
     async def aclose(self) -> None:
         if self._connecting is not None:
             self._connecting.cancel()
@@ -148,11 +180,11 @@ class RedisLink:
                 self._connecting = None
         return self._protocol
 
-    async def _connect(self) -> _Protocol:
+    async def _connect(self, on_push: Callable[[Any], None] | None = None) -> _Protocol:
         loop = asyncio.get_running_loop()
         kw = self._kwargs
         timeout_s = kw.get("socket_connect_timeout") or kw.get("socket_timeout") or 10.0
-        protocol = _Protocol(loop)
+        protocol = _Protocol(loop, on_push)
         try:
             async with asyncio.timeout(timeout_s):
                 if self._unix:

@@ -155,7 +155,9 @@ async def test_cancel_running_job_reaches_the_handler(queue: Queue, start_consum
     start_consumer(handler)
     await asyncio.wait_for(started.wait(), 5)
     rec = await queue.cancel(ids[0])
-    assert rec is not None and rec.state == JobState.RUNNING and rec.cancel_requested
+    # read back after the cancel: the handler may already have honoured it
+    assert rec is not None and rec.cancel_requested
+    assert rec.state in (JobState.RUNNING, JobState.CANCELLED)
     await wait_for(lambda: all_terminal(queue, ids), 10, "both jobs terminal")
     done = await queue.get_job(ids[0])
     assert done is not None and done.state == JobState.CANCELLED

@@ -96,3 +96,32 @@ def test_the_link_runs_on_uvloop(redis_url: str) -> None:
             await client.aclose()
 
     assert run_network_role(main()) == [b"PONG", b"uv"]
+
+
+async def test_listen_hands_over_messages_and_raises_when_the_connection_drops(
+    redis_client: aioredis.Redis,
+) -> None:
+    link = RedisLink(redis_client)
+    got: list[str] = []
+    subscribed = asyncio.Event()
+
+    async def on_subscribed() -> None:
+        subscribed.set()
+
+    listener = asyncio.ensure_future(link.listen("chan", got.append, on_subscribed))
+    try:
+        await asyncio.wait_for(subscribed.wait(), 5)
+        for i in range(50):
+            await redis_client.publish("chan", f"m{i} é")
+        await redis_client.publish("other", "not for us")
+        deadline = asyncio.get_running_loop().time() + 5
+        while len(got) < 50 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        assert got == [f"m{i} é" for i in range(50)]
+        await redis_client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+        with pytest.raises(RedisConnectionError):
+            await asyncio.wait_for(listener, 5)
+    finally:
+        listener.cancel()
+        await asyncio.gather(listener, return_exceptions=True)
+        await link.aclose()
