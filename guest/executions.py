@@ -1,6 +1,7 @@
 """Executions: every tool call, by job id, exactly once.
 
-A start for an unknown job id journals it and runs the tool as a task; a start for a
+A start for an unknown job id journals it and runs the tool: a tool that needs no waiting ends
+within the start request, one that waits (bash, process) goes on as a task. A start for a
 known id attaches to it (running) or returns its recorded outcome (finished or interrupted).
 Answers wait for completion or new output, at most MAX_WAIT_S. Running executions keep their
 output in memory (bounded); the RECENT newest finished ones too, older ones are served from the
@@ -14,16 +15,17 @@ import logging
 import re
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
 from common.guest_protocol import DEFAULT_LIMITS, JOB_ID_PATTERN, MAX_WAIT_S, ExecutionState
-from guest.journal import Journal, JournalEntry, interrupted_result
+from guest.journal import Journal, JournalEntry, compact_json, interrupted_result
 from guest.output import BoundedOutput, utf8_safe_end
 from guest.paths import PathResolver
 from guest.procs import ProcessManager
 from guest.tools import TOOLS
-from guest.tools.base import ToolContext, ToolError
+from guest.tools.base import Result, ToolContext, ToolError
 
 log = logging.getLogger(__name__)
 
@@ -52,25 +54,46 @@ class Execution:
     ctx: ToolContext | None
     stdout: BoundedOutput
     stderr: BoundedOutput
-    result: dict[str, Any] | None = None
-    #: Resolved (and replaced) on new output or completion. A plain future rather than an
-    #: Event: pollers wait on it with asyncio.wait, which needs no task per wait.
-    changed: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    #: The result as recorded in the journal (compact JSON), once the execution ended.
+    result_json: bytes | None = None
     task: asyncio.Task[None] | None = None
+    #: One future per waiting poller, resolved on new output or completion: the poller's task
+    #: wakes straight from it (asyncio.wait would add a callback hop and a loop iteration).
+    waiters: list[asyncio.Future[bool]] = field(default_factory=list)
 
     @property
     def running(self) -> bool:
         return self.entry.state == ExecutionState.running
 
     def wake(self) -> None:
-        self.changed.set_result(None)  # never done here: it is replaced as soon as it is set
-        self.changed = asyncio.get_running_loop().create_future()
+        for waiter in self.waiters:
+            if not waiter.done():
+                waiter.set_result(True)
+
+    async def changed_within(self, timeout_s: float) -> bool:
+        """Whether new output or completion came within `timeout_s`."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
+        self.waiters.append(waiter)
+        timer = loop.call_later(timeout_s, _expire, waiter)
+        try:
+            return await waiter
+        finally:
+            timer.cancel()
+            self.waiters.remove(waiter)
 
     def pending(self, out_off: int, err_off: int) -> int:
         return max(0, self.stdout.total - out_off) + max(0, self.stderr.total - err_off)
 
 
+def _expire(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(False)
+
+
 def _read(out: BoundedOutput, offset: int, final: bool) -> tuple[str, int, int]:
+    if offset >= out.total:
+        return "", offset, 0  # nothing new (a file tool writes no output at all)
     data, next_off, skipped = out.read_from(offset, POLL_CHUNK_BYTES)
     if not (final and next_off >= out.total):
         cut = utf8_safe_end(data)
@@ -88,6 +111,7 @@ def _summary(tool: str, args: dict[str, Any]) -> str:
 
 
 def _limits(raw: object) -> dict[str, Any]:
+    """The call's limits: DEFAULT_LIMITS overridden by the valid keys of `raw`. Tools only read it."""
     limits: dict[str, Any] = dict(DEFAULT_LIMITS)
     if raw is None:
         return limits
@@ -100,6 +124,14 @@ def _limits(raw: object) -> dict[str, Any]:
             raise BadRequest(f"limits.{key} must be a positive number")
         limits[key] = value
     return limits
+
+
+def _failure(tool: str, job_id: str, err: Exception) -> dict[str, Any]:
+    """The result of a tool that raised: its ToolError as the agent should see it, or a bug."""
+    if isinstance(err, ToolError):
+        return {"output": f"Error: {err}", "is_error": True, "error": str(err)}
+    log.error("tool %s failed for job %s", tool, job_id, exc_info=err)
+    return {"output": f"Error: internal error: {err}", "is_error": True, "error": f"internal error: {err}"}
 
 
 class Executions:
@@ -118,8 +150,8 @@ class Executions:
         self._live: OrderedDict[str, Execution] = OrderedDict()
         self.stopping = False
 
-    # ---- start / poll / cancel -------------------------------------------------------------
-    async def start(self, req: dict[str, Any]) -> dict[str, Any]:
+    # ---- start / poll / cancel: each answers an ExecutionView, encoded (see `_answer`) --------
+    async def start(self, req: dict[str, Any]) -> bytes:
         job_id, tool, args = req.get("job_id"), req.get("tool"), req.get("arguments", {})
         if not isinstance(job_id, str) or not JOB_ID_RE.match(job_id):
             raise BadRequest(f"job_id must match {JOB_ID_PATTERN}")
@@ -134,13 +166,13 @@ class Executions:
         ex = self._launch(job_id, tool, args, req)
         return await self._answer(ex, 0, 0, wait_s, attached=False)
 
-    async def poll(self, job_id: str, out_off: int, err_off: int, wait_s: float) -> dict[str, Any] | None:
+    async def poll(self, job_id: str, out_off: int, err_off: int, wait_s: float) -> bytes | None:
         ex = self._live.get(job_id) or self._recorded(job_id)
         if ex is None:
             return None
         return await self._answer(ex, out_off, err_off, self._wait(wait_s), attached=True)
 
-    async def cancel(self, job_id: str, sig: int, grace_s: float) -> dict[str, Any] | None:
+    async def cancel(self, job_id: str, sig: int, grace_s: float) -> bytes | None:
         ex = self._live.get(job_id) or self._recorded(job_id)
         if ex is None:
             return None
@@ -162,8 +194,8 @@ class Executions:
         entry = self.journal.entries.get(job_id)
         if entry is None:
             return None
-        ex = Execution(entry, None, BoundedOutput(0), BoundedOutput(0), self.journal.load_result(job_id))
-        return ex
+        result_json = compact_json(self.journal.load_result(job_id))
+        return Execution(entry, None, BoundedOutput(0), BoundedOutput(0), result_json)
 
     def _launch(self, job_id: str, tool: str, args: dict[str, Any], req: dict[str, Any]) -> Execution:
         limits = _limits(req.get("limits"))
@@ -193,29 +225,36 @@ class Executions:
         )
         self._live[job_id] = ex
         self._running += 1
-        ex.task = asyncio.create_task(self._run(ex, ex.ctx, tool, args))
+        outcome = self._call(ex.ctx, tool, args)
+        if isinstance(outcome, dict):
+            self._finish(ex, outcome)  # done already: answered without a task or a loop iteration
+        else:
+            ex.task = asyncio.create_task(self._finish_later(ex, outcome))
         return ex
 
-    async def _run(self, ex: Execution, ctx: ToolContext, tool: str, args: dict[str, Any]) -> None:
+    @staticmethod
+    def _call(ctx: ToolContext, tool: str, args: dict[str, Any]) -> Result | Awaitable[Result]:
+        """Run the tool as far as it goes without waiting: its result, or an awaitable of it."""
         run = TOOLS.get(tool)
         try:
             if run is None:
                 raise ToolError(f"unsupported tool '{tool}'")
-            result = await run(ctx, args)
-        except ToolError as err:
-            result = {"output": f"Error: {err}", "is_error": True, "error": str(err)}
+            return run(ctx, args)
         except Exception as err:  # a bug in a tool must still end the execution with an answer
-            log.exception("tool %s failed for job %s", tool, ex.entry.job_id)
-            result = {
-                "output": f"Error: internal error: {err}",
-                "is_error": True,
-                "error": f"internal error: {err}",
-            }
+            return _failure(tool, ctx.job_id, err)
+
+    async def _finish_later(self, ex: Execution, pending: Awaitable[Result]) -> None:
+        try:
+            result = await pending
+        except Exception as err:
+            result = _failure(ex.entry.tool, ex.entry.job_id, err)
+        self._finish(ex, result)
+
+    def _finish(self, ex: Execution, result: Result) -> None:
         state = ExecutionState.finished
         if self.stopping:
             state, result = ExecutionState.interrupted, interrupted_result(result)
-        self.journal.record_end(ex.entry.job_id, state, result)
-        ex.result = result
+        ex.result_json = self.journal.record_end(ex.entry.job_id, state, result)
         ex.wake()
         self._forget_old(ex.entry.job_id)
 
@@ -247,36 +286,38 @@ class Executions:
                 return
             if pending:
                 remaining = min(remaining, began + COALESCE_S - now)
-            if remaining <= 0:
-                return
-            done, _ = await asyncio.wait((ex.changed,), timeout=remaining)
-            if not done:
+            if remaining <= 0 or not await ex.changed_within(remaining):
                 return
 
     async def _answer(
         self, ex: Execution, out_off: int, err_off: int, wait_s: float, attached: bool
-    ) -> dict[str, Any]:
-        if wait_s > 0:
+    ) -> bytes:
+        """The ExecutionView as JSON, its result spliced in as the journal recorded it (no second
+        encoding of what may be the largest part of the answer)."""
+        if wait_s > 0 and ex.running:
             await self._wait_for_news(ex, out_off, err_off, wait_s)
         final = not ex.running
         stdout, next_out, out_skipped = _read(ex.stdout, out_off, final)
         stderr, next_err, err_skipped = _read(ex.stderr, err_off, final)
-        return {
-            "job_id": ex.entry.job_id,
-            "tool": ex.entry.tool,
-            "state": str(ex.entry.state),
-            "attached": attached,
-            "started_at": ex.entry.started_at,
-            "finished_at": ex.entry.finished_at,
-            "stdout": stdout,
-            "stderr": stderr,
-            "stdout_offset": next_out,
-            "stderr_offset": next_err,
-            "stdout_skipped": out_skipped,
-            "stderr_skipped": err_skipped,
-            "more_output": next_out < ex.stdout.total or next_err < ex.stderr.total,
-            "result": ex.result if final else None,
-        }
+        view = compact_json(
+            {
+                "job_id": ex.entry.job_id,
+                "tool": ex.entry.tool,
+                "state": str(ex.entry.state),
+                "attached": attached,
+                "started_at": ex.entry.started_at,
+                "finished_at": ex.entry.finished_at,
+                "stdout": stdout,
+                "stderr": stderr,
+                "stdout_offset": next_out,
+                "stderr_offset": next_err,
+                "stdout_skipped": out_skipped,
+                "stderr_skipped": err_skipped,
+                "more_output": next_out < ex.stdout.total or next_err < ex.stderr.total,
+            }
+        )
+        result = ex.result_json if final and ex.result_json is not None else b"null"
+        return b"%s,\"result\":%s}" % (view[:-1], result)
 
     async def stop(self) -> None:
         """Guest shutdown: kill running commands; their executions end as interrupted."""

@@ -71,7 +71,8 @@ def _status_line(status: int) -> bytes:
 
 
 def _response(status: int, payload: Any, keep_alive: bool) -> bytes:
-    body = json.dumps(payload, separators=(",", ":")).encode()
+    """The answer to write; `payload` is encoded as JSON, unless it is bytes: JSON already."""
+    body = payload if isinstance(payload, bytes) else json.dumps(payload, separators=(",", ":")).encode()
     close = b"" if keep_alive else b"connection: close\r\n"
     return b"%scontent-length: %d\r\n%s\r\n%s" % (_status_line(status), len(body), close, body)
 

@@ -186,7 +186,7 @@ class ShellProcess:
             return self.returncode
         fut: asyncio.Future[int | None] = self._loop.create_future()
         self._waiters.append(fut)
-        timer = self._loop.call_later(timeout, _expire, fut) if timeout is not None else None
+        timer = self._loop.call_later(timeout, _settle, fut) if timeout is not None else None
         try:
             return await fut
         finally:
@@ -202,7 +202,13 @@ class ShellProcess:
     async def drain(self, timeout: float) -> None:
         """Read what is left in the pipes; stop if children of the shell keep them open."""
         if self._readers:
-            await asyncio.wait([self._drained], timeout=timeout)
+            # Awaited directly, with a timer that settles it: no extra callback hop and loop
+            # iteration as with asyncio.wait (close() below then stops the readers either way).
+            timer = self._loop.call_later(timeout, _settle, self._drained)
+            try:
+                await self._drained
+            finally:
+                timer.cancel()
         self.close()
 
     def close(self) -> None:
@@ -218,7 +224,8 @@ def _devnull() -> int:
     return os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
 
 
-def _expire(fut: asyncio.Future[int | None]) -> None:
+def _settle(fut: asyncio.Future[Any]) -> None:
+    """Resolve a wait that timed out (to None), unless something resolved it first."""
     if not fut.done():
         fut.set_result(None)
 

@@ -1,4 +1,4 @@
-"""The tool table: tool name → `async def run(ctx, args) -> result dict`."""
+"""The tool table: tool name → `run(ctx, args)`, the result dict or an awaitable of it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,10 @@
 """What every tool gets (ToolContext), how it fails (ToolError) and typed argument readers.
 
-A tool is `async def run(ctx, args) -> dict`: the dict is the result (`output` + structured
-fields). Raising ToolError turns into a result with `is_error: true`; it is never a protocol error.
+A tool is `run(ctx, args)` returning the result dict (`output` + structured fields). A tool that
+waits (for a command, for logs) returns an awaitable of it instead, after doing what it can at
+once: a tool that needs no waiting then answers within the start request, with no task or loop
+iteration of its own. Raising ToolError (at once or from the awaitable) turns into a result with
+`is_error: true`; it is never a protocol error.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ class ToolContext:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-Tool = Callable[[ToolContext, dict[str, Any]], Awaitable[Result]]
+Tool = Callable[[ToolContext, dict[str, Any]], Result | Awaitable[Result]]
 
 
 def _missing(name: str) -> ToolError:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 from guest.output import BoundedOutput
@@ -66,14 +67,25 @@ def _cwd(ctx: ToolContext, args: dict[str, Any]) -> str:
     return cwd
 
 
-async def run(ctx: ToolContext, args: dict[str, Any]) -> Result:
+def run(ctx: ToolContext, args: dict[str, Any]) -> Awaitable[Result]:
+    """Check the arguments and start a foreground command at once; the awaitable waits for it."""
     command = _command(args)
     cwd = _cwd(ctx, args)
     env = _env(ctx, args, cwd)
     stdin = arg_opt_str(args, "stdin")
     if arg_bool(args, "background"):
-        return await _background(ctx, command, cwd, env, stdin)
-    return await _foreground(ctx, command, cwd, env, stdin, _timeout(ctx, args))
+        return _background(ctx, command, cwd, env, stdin)
+    timeout = _timeout(ctx, args)
+    started = time.monotonic()
+    proc = _spawn(ctx, command, cwd, env, stdin)
+    stoppers: list[asyncio.Task[None]] = []
+
+    def cancel(sig: int, grace_s: float) -> None:
+        stoppers.append(asyncio.create_task(stop_group(proc, sig, grace_s)))
+
+    # Set before the first await: a cancel (or a guest stop) reaches the command from its start.
+    ctx.canceller = cancel
+    return _supervise(ctx, proc, stoppers, timeout, started)
 
 
 async def _background(
@@ -99,51 +111,42 @@ def _sink(out: BoundedOutput, ctx: ToolContext) -> Sink:
     return write
 
 
-async def _foreground(
-    ctx: ToolContext, command: str, cwd: str, env: dict[str, str], stdin: str | None, timeout: float
-) -> Result:
+def _spawn(ctx: ToolContext, command: str, cwd: str, env: dict[str, str], stdin: str | None) -> ShellProcess:
+    """Start the command; it counts against max_processes until `_supervise` ends."""
     ctx.processes.check_capacity()
-    ctx.processes.foreground += 1
-    started = time.monotonic()
     try:
-        try:
-            proc = ShellProcess.start(
-                command,
-                cwd,
-                env,
-                stdin.encode() if stdin is not None else None,
-                (_sink(ctx.stdout, ctx), _sink(ctx.stderr, ctx)),
-            )
-        except OSError as err:
-            raise ToolError(f"cannot start sh: {err}") from err
-        try:
-            return await _supervise(ctx, proc, timeout, started)
-        finally:
-            proc.close()
+        proc = ShellProcess.start(
+            command,
+            cwd,
+            env,
+            stdin.encode() if stdin is not None else None,
+            (_sink(ctx.stdout, ctx), _sink(ctx.stderr, ctx)),
+        )
+    except OSError as err:
+        raise ToolError(f"cannot start sh: {err}") from err
+    ctx.processes.foreground += 1
+    return proc
+
+
+async def _supervise(
+    ctx: ToolContext, proc: ShellProcess, stoppers: list[asyncio.Task[None]], timeout: float, started: float
+) -> Result:
+    try:
+        timed_out = False
+        returncode = await proc.wait_until(timeout)
+        if returncode is None:
+            timed_out = True
+            await stop_group(proc)
+            returncode = await proc.wait()
+        await proc.drain(PIPE_DRAIN_S)
+        if stoppers:
+            await asyncio.gather(*stoppers, return_exceptions=True)
+        ctx.canceller = None
+        elapsed_s = time.monotonic() - started
+        return _result(ctx, returncode, timed_out, bool(stoppers), elapsed_s, timeout)
     finally:
+        proc.close()
         ctx.processes.foreground -= 1
-
-
-async def _supervise(ctx: ToolContext, proc: ShellProcess, timeout: float, started: float) -> Result:
-    stoppers: list[asyncio.Task[None]] = []
-    cancelled: list[int] = []
-
-    def cancel(sig: int, grace_s: float) -> None:
-        cancelled.append(sig)
-        stoppers.append(asyncio.create_task(stop_group(proc, sig, grace_s)))
-
-    ctx.canceller = cancel
-    timed_out = False
-    returncode = await proc.wait_until(timeout)
-    if returncode is None:
-        timed_out = True
-        await stop_group(proc)
-        returncode = await proc.wait()
-    await proc.drain(PIPE_DRAIN_S)
-    if stoppers:
-        await asyncio.gather(*stoppers, return_exceptions=True)
-    ctx.canceller = None
-    return _result(ctx, returncode, timed_out, bool(cancelled), time.monotonic() - started, timeout)
 
 
 def _result(

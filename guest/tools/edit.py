@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from guest.tools.base import Result, ToolContext, ToolError, arg_choice, arg_int, limit_error, os_error
@@ -88,11 +88,11 @@ class _Editor:
         )
 
 
-async def _view(ed: _Editor) -> Result:
+def _view(ed: _Editor) -> Result:
     if os.path.isdir(ed.real):
         from guest.tools.list_dir import run as list_dir
 
-        listing = await list_dir(ed.ctx, {"path": ed.args.get("path"), "depth": 2})
+        listing = list_dir(ed.ctx, {"path": ed.args.get("path"), "depth": 2})
         return {"output": listing["output"], "path": ed.shown}
     text = ed.read()
     lines = text.split("\n")
@@ -108,7 +108,7 @@ async def _view(ed: _Editor) -> Result:
     return {"output": body, "path": ed.shown, "start_line": start, "end_line": end}
 
 
-async def _create(ed: _Editor) -> Result:
+def _create(ed: _Editor) -> Result:
     text = ed.args.get("file_text")
     if not isinstance(text, str):
         raise ToolError("'file_text' argument is required (a string)")
@@ -120,7 +120,7 @@ async def _create(ed: _Editor) -> Result:
     return {"output": f"File created successfully at: {ed.shown}", "path": ed.shown}
 
 
-async def _str_replace(ed: _Editor) -> Result:
+def _str_replace(ed: _Editor) -> Result:
     old = ed.args.get("old_str")
     new = ed.args.get("new_str", "") or ""
     if not isinstance(old, str) or not old:
@@ -150,7 +150,7 @@ def _positions(text: str, sub: str) -> list[int]:
     return found
 
 
-async def _insert(ed: _Editor) -> Result:
+def _insert(ed: _Editor) -> Result:
     line = arg_int(ed.args, "insert_line", minimum=0)
     if line is None:
         raise ToolError("'insert_line' argument is required")
@@ -165,7 +165,7 @@ async def _insert(ed: _Editor) -> Result:
     return {"output": ed.snippet(new_text, line), "path": ed.shown}
 
 
-async def _undo(ed: _Editor) -> Result:
+def _undo(ed: _Editor) -> Result:
     steps = ed._steps()
     if not steps:
         raise ToolError(f"No edit history for {ed.shown}")
@@ -183,7 +183,7 @@ async def _undo(ed: _Editor) -> Result:
     return {"output": f"Last edit to {ed.shown} undone successfully.", "path": ed.shown}
 
 
-_COMMANDS: dict[str, Callable[[_Editor], Awaitable[Result]]] = {
+_COMMANDS: dict[str, Callable[[_Editor], Result]] = {
     "view": _view,
     "create": _create,
     "str_replace": _str_replace,
@@ -192,6 +192,6 @@ _COMMANDS: dict[str, Callable[[_Editor], Awaitable[Result]]] = {
 }
 
 
-async def run(ctx: ToolContext, args: dict[str, Any]) -> Result:
+def run(ctx: ToolContext, args: dict[str, Any]) -> Result:
     command = arg_choice(args, "command", tuple(_COMMANDS))
-    return await _COMMANDS[command](_Editor(ctx, args))
+    return _COMMANDS[command](_Editor(ctx, args))

@@ -17,7 +17,7 @@ def _kind(mode: int) -> str:
     return "file" if st.S_ISREG(mode) else "other"
 
 
-async def run(ctx: ToolContext, args: dict[str, Any]) -> Result:
+def run(ctx: ToolContext, args: dict[str, Any]) -> Result:
     real = ctx.paths.resolve_entry(args.get("path"))
     shown = ctx.paths.display(real)
     try:

@@ -45,7 +45,7 @@ def _line(entry: dict[str, Any]) -> str:
     return name + "/" if entry["type"] == "dir" else name
 
 
-async def run(ctx: ToolContext, args: dict[str, Any]) -> Result:
+def run(ctx: ToolContext, args: dict[str, Any]) -> Result:
     depth = arg_int(args, "depth", default=1, minimum=1) or 1
     if depth > MAX_DEPTH:
         raise ToolError(f"'depth' must be <= {MAX_DEPTH}")

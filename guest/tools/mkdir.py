@@ -11,7 +11,7 @@ from guest.tools.base import Result, ToolContext, arg_bool, arg_mode, os_error
 DEFAULT_MODE = 0o755
 
 
-async def run(ctx: ToolContext, args: dict[str, Any]) -> Result:
+def run(ctx: ToolContext, args: dict[str, Any]) -> Result:
     parents = arg_bool(args, "parents", default=True)
     mode = arg_mode(args)
     real = ctx.paths.resolve(args.get("path"), write=True)

@@ -62,7 +62,7 @@ def _read_lines(fd: int, start: int, end: int | None, max_bytes: int) -> tuple[b
     return b"".join(out), count
 
 
-async def run(ctx: ToolContext, args: dict[str, Any]) -> Result:
+def run(ctx: ToolContext, args: dict[str, Any]) -> Result:
     encoding = arg_choice(args, "encoding", ("utf8", "base64"), default="utf8")
     start_line = arg_int(args, "start_line", minimum=1)
     end_line = arg_int(args, "end_line", minimum=1)

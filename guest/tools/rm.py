@@ -12,7 +12,7 @@ from typing import Any
 from guest.tools.base import Result, ToolContext, ToolError, arg_bool, os_error
 
 
-async def run(ctx: ToolContext, args: dict[str, Any]) -> Result:
+def run(ctx: ToolContext, args: dict[str, Any]) -> Result:
     recursive = arg_bool(args, "recursive")
     real = ctx.paths.resolve_entry(args.get("path"), write=True)
     shown = ctx.paths.display(real)

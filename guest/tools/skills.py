@@ -13,7 +13,7 @@ from guest import skills
 from guest.tools.base import Result, ToolContext, ToolError, arg_str
 
 
-async def list_skills(ctx: ToolContext, args: dict[str, Any]) -> Result:
+def list_skills(ctx: ToolContext, args: dict[str, Any]) -> Result:
     valid, invalid = skills.scan(ctx.skills_dir)
     lines = [f"- {s.name}: {s.description}" for s in valid] or ["No skills available."]
     if invalid:
@@ -26,7 +26,7 @@ async def list_skills(ctx: ToolContext, args: dict[str, Any]) -> Result:
     }
 
 
-async def activate_skill(ctx: ToolContext, args: dict[str, Any]) -> Result:
+def activate_skill(ctx: ToolContext, args: dict[str, Any]) -> Result:
     name = arg_str(args, "name", required=True)
     # The name becomes a path component: only well-formed names can reach the filesystem.
     if not skills.NAME_RE.match(name) or len(name) > skills.NAME_MAX:

@@ -61,7 +61,7 @@ def write_atomic(real: str, data: bytes, mode: int | None) -> None:
         raise
 
 
-async def run(ctx: ToolContext, args: dict[str, Any]) -> Result:
+def run(ctx: ToolContext, args: dict[str, Any]) -> Result:
     encoding = arg_choice(args, "encoding", ("utf8", "base64"), default="utf8")
     mode = arg_mode(args)
     data = _content(args, encoding)
