@@ -308,6 +308,10 @@ class LocalSubstrateConfig(_Model):
     templates: tuple[TemplateConfig, ...] = ()
     #: Suspend grace between SIGTERM and SIGKILL of the guest.
     stop_grace_s: float = Field(10.0, ge=0)
+    #: CPU weight of all sandboxes together, next to the fleet's own processes (cgroup v2
+    #: `cpu.weight` semantics: 100 = one ordinary process). Low by default so tenant code cannot
+    #: starve the control plane on a shared host; it only matters while the CPU is contended.
+    sandbox_cpu_weight: int = Field(100, ge=1, le=10000)
     faults: FaultConfig = FaultConfig()
 
     _blank = model_validator(mode="before")(_none_to_default)

@@ -1,9 +1,16 @@
-"""Per-slot cgroups (v1 pids+memory, else v2) when the hierarchy is writable; else none.
+"""Per-slot cgroups (v1 pids+memory(+cpu), else v2) when the hierarchy is writable; else none.
 
 A sandbox joins its cgroup before it execs (the launcher's wrapper writes its own pid into
 `cgroup.procs`), so not even its first fork escapes the limits. The rlimits the launcher always
 sets stay the first line of defence; cgroups add a whole-tree pid cap and a memory cap that
 counts tmpfs and page cache.
+
+All sandboxes of this server share one CPU weight (`local_substrate.sandbox_cpu_weight`, on the
+common parent group; slots split it equally). On one host the fleet's own processes and tenant
+code compete for the same cores: with a low weight, a CPU-bound tool call cannot starve the API,
+the workers or Redis (as on Substrate proper, where actors run on other nodes), and a burst of
+submissions is accepted at once and queued rather than slowed to the pace of execution. The
+weight only matters while the CPU is contended; an idle host gives sandboxes all of it.
 """
 
 from __future__ import annotations
@@ -64,9 +71,11 @@ def _write(path: Path, value: str) -> None:
 class Cgroups:
     """Creates slot cgroups under `atefleet-<tag>/` of whichever hierarchy is writable."""
 
-    def __init__(self, tag: str) -> None:
+    def __init__(self, tag: str, cpu_weight: int = 100) -> None:
         self.mode = _detect()
         self._tag = f"atefleet-{tag}"
+        #: cgroup v2 `cpu.weight` semantics: 100 = one ordinary process's share.
+        self.cpu_weight = cpu_weight
 
     def make(self, slot: str, memory_mb: int, max_pids: int) -> SlotCgroup | None:
         try:
@@ -84,11 +93,12 @@ class Cgroups:
             mem_dir.mkdir(parents=True, exist_ok=True)
             _write(pids_dir / "pids.max", str(max_pids))
             _write(mem_dir / "memory.limit_in_bytes", mem)
-            return SlotCgroup((pids_dir, mem_dir))
+            return SlotCgroup((pids_dir, mem_dir, *self._v1_cpu(slot)))
         if self.mode == "v2":
             parent = CGROUP_ROOT / self._tag
             parent.mkdir(exist_ok=True)
             _write(parent / "cgroup.subtree_control", "+pids +memory")
+            self._v2_cpu(parent)
             d = parent / slot
             d.mkdir(exist_ok=True)
             _write(d / "pids.max", str(max_pids))
@@ -97,9 +107,26 @@ class Cgroups:
             return SlotCgroup((d,))
         return None
 
+    def _v1_cpu(self, slot: str) -> tuple[Path, ...]:
+        """The slot's dir under the shared, weighted parent of the v1 cpu controller (none if absent)."""
+        parent = CGROUP_ROOT / "cpu" / self._tag
+        if not os.access(CGROUP_ROOT / "cpu", os.W_OK):
+            return ()
+        (parent / slot).mkdir(parents=True, exist_ok=True)
+        # v1 shares: 1024 is one ordinary process, as weight 100 is in v2.
+        _write(parent / "cpu.shares", str(max(2, self.cpu_weight * 1024 // 100)))
+        return (parent / slot,)
+
+    def _v2_cpu(self, parent: Path) -> None:
+        try:
+            _write(parent / "cgroup.subtree_control", "+cpu")
+        except OSError:
+            return  # the cpu controller is not delegated here: no weight
+        _write(parent / "cpu.weight", str(self.cpu_weight))
+
     def remove_all(self) -> None:
         """Remove this server's cgroup dirs (empty ones only; the kernel refuses others)."""
-        tops = [CGROUP_ROOT / c / self._tag for c in ("pids", "memory")] + [CGROUP_ROOT / self._tag]
+        tops = [CGROUP_ROOT / c / self._tag for c in ("pids", "memory", "cpu")] + [CGROUP_ROOT / self._tag]
         for top in tops:
             if top.is_dir():
                 for child in top.iterdir():

@@ -81,7 +81,8 @@ class Control:
         self.stop_grace_s = config.local_substrate.stop_grace_s
         self.store = Store(layout.db)
         self.cgroups = Cgroups(
-            layout.root.name + "-" + uuid.uuid5(uuid.NAMESPACE_URL, str(layout.root)).hex[:8]
+            layout.root.name + "-" + uuid.uuid5(uuid.NAMESPACE_URL, str(layout.root)).hex[:8],
+            cpu_weight=config.local_substrate.sandbox_cpu_weight,
         )
         self.slots = SlotPool(layout, config.local_substrate.slots)
         self.snapshots = SnapshotStore(layout.snapshots)

@@ -168,3 +168,22 @@ async def test_without_a_sandbox_guests_still_run_and_the_level_says_so(start_su
     await h.actor("plain")
     actor = await h.client.resume_actor(ATESPACE, "plain")
     assert (await h.bash(actor, "echo hi > f.txt && cat f.txt"))["stdout"] == "hi\n"
+
+
+async def test_sandboxes_share_one_cpu_weight(start_substrate: Start) -> None:
+    """Every process of every sandbox runs under the server's one weighted cpu group."""
+    h = await start_substrate(slots=2, sandbox="bwrap", templates=[LIMITED], sandbox_cpu_weight=25)
+    if h.server.control.cgroups.mode != "v1" or not Path("/sys/fs/cgroup/cpu").is_dir():
+        pytest.skip("checked on cgroup v1 with a cpu controller (this machine's); v2 writes cpu.weight")
+    await h.actor("a")
+    a = await h.client.resume_actor(ATESPACE, "a")
+    await h.bash(a, "sleep 30 > /dev/null 2>&1 < /dev/null &")
+    uid = h.server.control.slots.get(a.pod_name).uid  # type: ignore[union-attr]
+    groups = set()
+    for pid in _slot_processes(uid):
+        lines = (x.split(":", 2) for x in Path(f"/proc/{pid}/cgroup").read_text().splitlines())
+        path = next(p for _, controllers, p in lines if "cpu" in controllers.split(","))
+        groups.add(path.rsplit("/", 1)[0])
+    [parent] = groups
+    assert parent.startswith("/atefleet-")
+    assert Path(f"/sys/fs/cgroup/cpu{parent}/cpu.shares").read_text().strip() == str(25 * 1024 // 100)
