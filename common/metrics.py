@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST as PROMETHEUS_CONTENT_TYPE
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+from prometheus_client.metrics import MetricWrapperBase
 
 __all__ = ["PROMETHEUS_CONTENT_TYPE"]
 
@@ -40,6 +42,27 @@ QUEUE_DEPTH = Gauge("atefleet_queue_depth", "Jobs queued across all sessions", m
 OLDEST_JOB_AGE = Gauge("atefleet_oldest_queued_job_age_seconds", "Age of the oldest queued job",
                        multiprocess_mode="livemax")
 SESSIONS_BY_STATE = Gauge("atefleet_sessions", "Sessions by state", ["state"], multiprocess_mode="livemax")
+
+
+M = TypeVar("M", bound=MetricWrapperBase)
+
+
+class Children(Generic[M]):
+    """The children of one labelled metric, each looked up once per label values.
+
+    `metric.labels(...)` validates, converts and takes a lock on every call (a few µs), which a
+    per-job path pays for nothing: its label values are few (job kinds and states, tool names).
+    """
+
+    def __init__(self, metric: M) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], M] = {}
+
+    def __call__(self, *values: str) -> M:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
 
 
 def render_metrics() -> bytes:

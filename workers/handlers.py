@@ -12,13 +12,13 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from common.config import Config
 from common.guest_client import GuestClient, GuestError, GuestUnavailable, SessionMismatch
 from common.guest_protocol import Limits
 from common.logs import log_context
-from common.metrics import GUEST_CALL_LATENCY
+from common.metrics import GUEST_CALL_LATENCY, Children
 from common.queue import JobCancelled, JobContext, JobFailed, JobKind, RetryLater
 from common.secret_box import SEALED_ENV_KEY, SecretBox, SecretError
 from common.tool_calls import ToolCall, render_result
@@ -38,6 +38,12 @@ class JobHandlers:
         self.config = config
         self.actors = actors
         self.secret_box = secret_box
+        #: What each environment sends the guest as `limits`, built once (model_dump costs µs).
+        self._limits: dict[str, Limits] = {
+            env.name: cast(Limits, env.limits.model_dump(exclude={"max_processes"}))
+            for env in config.environments
+        }
+        self._latency = Children(GUEST_CALL_LATENCY)
         self._table: dict[JobKind, Handler] = {
             JobKind.RESUME: self.resume,
             JobKind.SUSPEND: self.suspend,
@@ -146,7 +152,7 @@ class JobHandlers:
     async def _execute(self, ctx: JobContext, guest: GuestClient) -> dict[str, Any]:
         env = self.config.environment(ctx.job.environment)
         payload = ctx.job.payload
-        limits: Limits = env.limits.model_dump(exclude={"max_processes"}) if env else {}  # type: ignore[assignment]
+        limits = self._limits.get(ctx.job.environment)
         tool = str(payload["name"])
         started = time.monotonic()
 
@@ -162,7 +168,7 @@ class JobHandlers:
             raise GuestGone(str(err)) from err
         except GuestError as err:
             raise JobFailed(problem(502, "guest_error", "Guest error", str(err))) from err
-        GUEST_CALL_LATENCY.labels(tool=tool).observe(time.monotonic() - started)
+        self._latency(tool).observe(time.monotonic() - started)
         if ctx.cancel_requested:
             raise JobCancelled("cancelled on request; the process group was killed")
         return dict(result)

@@ -18,9 +18,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from common.metrics import JOB_RETRIES, JOBS_FINISHED
+from common.metrics import JOB_RETRIES, JOBS_FINISHED, Children
 from common.queue.context import Handler, JobContext
 from common.queue.leases import BACKOFF_MAX_S, BACKOFF_MIN_S, TRANSIENT, LeaseKeeper, Turn
+from common.queue.link import RedisLink
 from common.queue.models import (
     PROBLEM_CANCELLED,
     PROBLEM_INVALID_RESULT,
@@ -37,7 +38,7 @@ log = logging.getLogger("atefleet.queue.consumer")
 
 T = TypeVar("T")
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Outcome:
     """How a handler ended: a terminal state with result/error, or a retry."""
 
@@ -77,6 +78,9 @@ class Consumer:
         #: Counters for tests and metrics.
         self.stats = {"jobs": 0, "turns": 0, "leases_lost": 0, "retries": 0}
         self._leases = LeaseKeeper(queue, worker_id, self.stats)
+        #: The blocking reads of `ready` have a connection of their own (see Queue.read_ready).
+        self._ready_link = RedisLink(queue.redis)
+        self._finished = Children(JOBS_FINISHED)
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -112,6 +116,7 @@ class Consumer:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(reader), self.block_ms / 1000 + 1.0)
         await _cancel_and_wait(reader)
+        await self._ready_link.aclose()
         if self._turn_tasks:
             await asyncio.wait(set(self._turn_tasks), timeout=self.stop_grace_s)
         # Past the grace period, cancel running handlers: each turn then releases its lease so
@@ -137,7 +142,9 @@ class Consumer:
                 continue  # (stop() also sets it, to end this loop)
             try:
                 entries = await self._retrying(
-                    lambda n=free: self.queue.read_ready(self.worker_id, n, self.block_ms),  # type: ignore[misc]
+                    lambda n=free: self.queue.read_ready(  # type: ignore[misc]
+                        self.worker_id, n, self.block_ms, self._ready_link
+                    ),
                     deadline=None,
                 )
             except Stopped:
@@ -258,7 +265,7 @@ class Consumer:
                     turn.expires_at,
                 )
             self.stats["jobs"] += 1
-            JOBS_FINISHED.labels(kind=str(job.kind), state=str(state)).inc()
+            self._finished(job.kind, state).inc()
             return nxt
         except LeaseLost as err:
             self._leases.lose(turn, f"could not record the outcome of job {job.id}: {err}")

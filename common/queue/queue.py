@@ -22,6 +22,7 @@ from redis.exceptions import ResponseError
 
 from common.config import Config
 from common.queue.keys import READY_GROUP, Keys, session_name
+from common.queue.link import RedisLink
 from common.queue.models import (
     PROBLEM_CANCELLED,
     PROBLEM_RETRIES_EXHAUSTED,
@@ -97,6 +98,8 @@ class Queue:
         self.config = config
         self.keys = Keys(config.redis_prefix)
         self.lease_ttl_ms = int(config.workers.lease_ttl_s * 1000)
+        #: `read_ready`'s connection when its caller brings none (opened on first use).
+        self._ready_link = RedisLink(redis)
         self.scripts = QueueScripts(redis, self.keys, ScriptLimits(
             ttl_ms=int(config.jobs.ttl_s * 1000),
             end_ttl_ms=end_marker_ttl_ms,
@@ -107,8 +110,9 @@ class Queue:
         ))
 
     async def aclose(self) -> None:
-        """Close the queue's own connection; the redis client passed in stays the caller's."""
+        """Close the queue's own connections; the redis client passed in stays the caller's."""
         await self.scripts.aclose()
+        await self._ready_link.aclose()
 
     # -- API side --------------------------------------------------------------------------------
     async def enqueue(
@@ -235,11 +239,20 @@ class Queue:
             if "BUSYGROUP" not in str(err):
                 raise
 
-    async def read_ready(self, consumer: str, count: int, block_ms: int) -> list[tuple[str, str]]:
-        """New `ready` entries for this consumer: [(entry id, session)]. Blocks up to block_ms (>0)."""
+    async def read_ready(
+        self, consumer: str, count: int, block_ms: int, link: RedisLink | None = None
+    ) -> list[tuple[str, str]]:
+        """New `ready` entries for this consumer: [(entry id, session)]. Blocks up to block_ms (>0).
+
+        The read goes over `link`, or the queue's own reading link: a blocking command must not
+        share the scripts' pipelined link (it would hold up every command behind it), and a
+        reader that reads all the time (a Consumer) passes a link of its own for the same reason.
+        """
+        block = ("BLOCK", block_ms) if block_ms else ()
         try:
-            got = await self.redis.xreadgroup(
-                READY_GROUP, consumer, {self.keys.ready: ">"}, count=count, block=block_ms or None
+            got = await (link or self._ready_link).execute(
+                "XREADGROUP", "GROUP", READY_GROUP, consumer, "COUNT", count, *block,
+                "STREAMS", self.keys.ready, ">",
             )
         except ResponseError as err:
             if "NOGROUP" not in str(err):
@@ -248,7 +261,7 @@ class Queue:
             return []
         if not got:
             return []
-        return [(text(eid), text(fields.get(b"s", fields.get("s", "")))) for eid, fields in got[0][1]]
+        return [(text(eid), _field(fields, "s")) for eid, fields in got[0][1]]
 
     async def acquire(self, entry_id: str, session: str, worker_id: str) -> Acquired:
         """Consume a `ready` entry; on success the lease (new epoch) and the head job, running."""
