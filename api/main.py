@@ -2,11 +2,16 @@
 
 Without auth configured, an open shell must not be reachable from the network: the API then
 binds loopback only, whatever `listen` says, and says so.
+
+The listening socket has SO_REUSEPORT, so several API processes (`api.processes` under
+`atefleet up`, or replicas started by hand) share one port and the kernel spreads connections
+across them. A stateless API scales out that way on one host, as behind a load balancer.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 
 import uvicorn
 
@@ -16,15 +21,16 @@ from common.event_loop import UVICORN_LOOP
 
 log = logging.getLogger("atefleet.api")
 
+#: Pending connections the kernel queues per API process.
+BACKLOG = 4096
+
 
 def run_api(config: Config) -> None:
     host, port = config.listen_host_port
     if config.api_bind_host != (host or "0.0.0.0"):
         log.warning("auth is not configured: listening on loopback only (configure auth to expose the API)")
-    uvicorn.run(
+    server = uvicorn.Server(uvicorn.Config(
         create_app(config),
-        host=config.api_bind_host,
-        port=port,
         loop=UVICORN_LOOP,
         http="httptools",
         log_config=None,
@@ -34,5 +40,18 @@ def run_api(config: Config) -> None:
         proxy_headers=False,
         timeout_graceful_shutdown=10,
         limit_concurrency=20000,
-        backlog=4096,
-    )
+    ))
+    server.run(sockets=[listening_socket(config.api_bind_host, port)])
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port with SO_REUSEPORT (shared by every API process), listening."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                         flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(address)
+    sock.listen(BACKLOG)
+    sock.set_inheritable(True)
+    return sock

@@ -6,7 +6,8 @@ the next token arrives. `rate_limit_per_s: 0` disables the limit.
 
 In-process, not in Redis, on purpose: the check costs well under a microsecond and no round trip,
 against a ~3 ms budget for a whole sync call, and it keeps the API usable while Redis is briefly
-away. The price: with N API replicas behind a load balancer the limit applies per replica, so a
+away. The price: with N API replicas behind a load balancer (or `api.processes` under `atefleet
+up`) the limit applies per replica, so a
 principal can reach up to N × the configured rate in total; set the per-replica rate to the
 fleet-wide target divided by N. The limit protects the fleet from one runaway client, it is not
 a billing quota.

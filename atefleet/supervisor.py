@@ -142,7 +142,8 @@ class Supervisor:
             substrate_addr = f"127.0.0.1:{free_port()}"
             children.append(Child("local-substrate",
                                   self._role("local-substrate", "--listen", substrate_addr)))
-        children.append(Child("api", self._role("api")))
+        for i in range(self.config.api.processes):
+            children.append(Child(f"api-{i}", self._role("api")))
         for i in range(self.config.workers.processes):
             children.append(Child(f"worker-{i}", self._role("worker", "--id", f"w{i}")))
         children.append(Child("reconciler", self._role("reconciler")))
@@ -240,7 +241,7 @@ class Supervisor:
         """Stop children in reverse start order, each tier given STOP_GRACE_S, then Redis."""
         print("atefleet: stopping...", flush=True)
         tiers = [
-            [c for c in self.children if c.name == "api"],
+            [c for c in self.children if c.name.startswith("api-")],
             [c for c in self.children if c.name.startswith("worker-")],
             [c for c in self.children if c.name in ("reconciler", "webhooks")],
             [c for c in self.children if c.name == "local-substrate"],

@@ -17,8 +17,10 @@ from tests.e2e.conftest import RunningFleet, base_config, free_port, start_fleet
 
 
 def _children(fleet: RunningFleet) -> dict[str, int]:
-    """Role → pid of the fleet's children, read from their command lines (as `ps` shows them)."""
+    """Role → pid of the fleet's children, read from their command lines (as `ps` shows them);
+    `worker-<id>`, and `api-<n>` numbered by pid (the API processes share one command line)."""
     roles: dict[str, int] = {}
+    apis: list[int] = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -31,8 +33,18 @@ def _children(fleet: RunningFleet) -> dict[str, int]:
         if ppid == fleet.process.pid and b"atefleet" in cmd:
             args = [c.decode() for c in cmd if c]
             role = args[args.index("atefleet") + 1]
-            roles[role if role != "worker" else f"worker-{args[-1]}"] = int(entry.name)
+            if role == "api":
+                apis.append(int(entry.name))
+            else:
+                roles[role if role != "worker" else f"worker-{args[-1]}"] = int(entry.name)
+    roles.update({f"api-{n}": pid for n, pid in enumerate(sorted(apis))})
     return roles
+
+
+def _restarted(fleet: RunningFleet, before: dict[str, int], role: str) -> bool:
+    """The killed `role` process is gone and a new one took its place."""
+    now = _children(fleet)
+    return before[role] not in now.values() and len(now) == len(before)
 
 
 def _wait(cond: object, timeout_s: float = 30, what: str = "") -> None:
@@ -63,7 +75,8 @@ def _bash(c: httpx.Client, sid: str, command: str) -> dict[str, object]:
 
 
 def test_killed_children_are_restarted_and_ctrl_c_leaves_nothing(short_tmp: Path) -> None:
-    fleet = start_fleet(short_tmp, base_config(short_tmp, free_port()))
+    # two API processes sharing the port (SO_REUSEPORT), as `api.processes: 2` asks
+    fleet = start_fleet(short_tmp, base_config(short_tmp, free_port(), api={"processes": 2}))
     try:
         _supervision_and_clean_stop(fleet, short_tmp)
     finally:
@@ -72,14 +85,15 @@ def test_killed_children_are_restarted_and_ctrl_c_leaves_nothing(short_tmp: Path
 
 def _supervision_and_clean_stop(fleet: RunningFleet, tmp_path: Path) -> None:
     roles = _children(fleet)
-    assert {"api", "reconciler", "webhooks", "local-substrate", "worker-w0", "worker-w1"} <= set(roles)
+    expected = {"api-0", "api-1", "reconciler", "webhooks", "local-substrate", "worker-w0", "worker-w1"}
+    assert expected <= set(roles)
     with fleet.client() as c:
         assert c.post("/v1/environments/my-env/sessions/keep/resume").status_code == 200
         _bash(c, "keep", "echo survived > kept.txt")
     # when any child is SIGKILLed, then it is noticed and restarted
-    for role in ("worker-w0", "api", "reconciler"):
+    for role in ("worker-w0", "api-0", "reconciler"):
         os.kill(roles[role], signal.SIGKILL)
-        _wait(lambda r=role: _children(fleet).get(r) not in (None, roles[r]), what=f"{role} restart")
+        _wait(lambda r=role: _restarted(fleet, roles, r), what=f"{role} restart")
     _wait(lambda: _ready(fleet), what="api ready again")
     assert "restarting" in fleet.log()
     _redis_outage_is_a_503(fleet)
