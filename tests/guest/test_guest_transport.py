@@ -86,23 +86,19 @@ async def test_pipelined_requests_are_answered_in_order(guest: GuestProc) -> Non
     writer.close()
 
 
-async def test_announced_oversize_body_is_refused_with_413(guest: GuestProc) -> None:
-    # Given a request announcing a body over the cap
+@pytest.mark.parametrize(("request_bytes", "status", "error"), [
+    # a body announced over the cap: refused before it arrives
+    (f"POST /v1/executions HTTP/1.1\r\nhost: guest\r\ncontent-length: {MAX_BODY_BYTES + 1}\r\n\r\n{{"
+     .encode(), 413, "body_too_large"),
+    (b"NOT HTTP AT ALL\r\n\r\n", 400, "bad_request"),
+])
+async def test_refused_requests_are_answered_and_closed(
+    guest: GuestProc, request_bytes: bytes, status: int, error: str
+) -> None:
     reader, writer = await asyncio.open_unix_connection(guest.socket)
-    head = f"POST /v1/executions HTTP/1.1\r\nhost: guest\r\ncontent-length: {MAX_BODY_BYTES + 1}\r\n\r\n"
-    writer.write(head.encode() + b"{")
-    # Then it is refused before the body arrives, and the connection is closed
-    status, headers, body = await read_answer(reader)
-    assert (status, headers["connection"], body["error"]) == (413, "close", "body_too_large")
-    assert await read_eof(reader) == b""
-    writer.close()
-
-
-async def test_malformed_request_is_answered_400_and_closed(guest: GuestProc) -> None:
-    reader, writer = await asyncio.open_unix_connection(guest.socket)
-    writer.write(b"NOT HTTP AT ALL\r\n\r\n")
-    status, headers, body = await read_answer(reader)
-    assert (status, headers["connection"], body["error"]) == (400, "close", "bad_request")
+    writer.write(request_bytes)
+    answer_status, headers, body = await read_answer(reader)
+    assert (answer_status, headers["connection"], body["error"]) == (status, "close", error)
     assert await read_eof(reader) == b""
     writer.close()
 
@@ -328,26 +324,19 @@ async def test_answer_without_length_ends_at_close(scripted: Callable[[Script], 
     await http.aclose()
 
 
-async def test_close_mid_answer_is_a_reset(scripted: Callable[[Script], Awaitable[Scripted]]) -> None:
-    async def truncated(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npartial")
-
-    http = client_for(await scripted(truncated))
-    with pytest.raises(ConnectionResetError):
-        await http.request("GET", "/", timeout_s=GUARD_S)
-    await http.aclose()
-
-
-async def test_malformed_answer_is_a_protocol_error(
-    scripted: Callable[[Script], Awaitable[Scripted]],
+@pytest.mark.parametrize(("answer", "error"), [
+    (b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npartial", ConnectionResetError),  # closed mid-answer
+    (b"SPDY/9 what\r\n\r\n", ProtocolError),  # not HTTP/1.1
+])
+async def test_a_broken_answer_raises(
+    scripted: Callable[[Script], Awaitable[Scripted]], answer: bytes, error: type[Exception],
 ) -> None:
-    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def broken(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
-        writer.write(b"SPDY/9 what\r\n\r\n")
+        writer.write(answer)
 
-    http = client_for(await scripted(garbage))
-    with pytest.raises(ProtocolError):
+    http = client_for(await scripted(broken))
+    with pytest.raises(error):
         await http.request("GET", "/", timeout_s=GUARD_S)
     await http.aclose()
 
