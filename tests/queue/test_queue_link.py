@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
+from common.embedded_redis import redis_server_binary
 from common.event_loop import run_network_role
 from common.queue.batcher import LuaScript, ScriptBatcher
 from common.queue.link import RedisLink, encode_command
@@ -125,3 +128,24 @@ async def test_listen_hands_over_messages_and_raises_when_the_connection_drops(
         listener.cancel()
         await asyncio.gather(listener, return_exceptions=True)
         await link.aclose()
+
+
+async def test_unix_socket_url_with_a_db(tmp_path: Path) -> None:
+    """`redis.url: unix:///path?db=N` reaches the same server and database through the link."""
+    sock = tmp_path / "redis.sock"
+    server = subprocess.Popen([redis_server_binary(), "--port", "0", "--unixsocket", str(sock),
+                               "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    client = aioredis.Redis.from_url(f"unix://{sock}?db=3")
+    link = RedisLink(client)
+    try:
+        async with asyncio.timeout(10):
+            while not sock.exists():
+                await asyncio.sleep(0.01)
+        await link.execute("SET", "k", "through the link")
+        assert await client.get("k") == b"through the link"  # redis-py, same db 3
+        assert await link.execute("CLIENT", "LIST")  # the connection works for any command
+    finally:
+        await link.aclose()
+        await client.aclose()
+        server.terminate()
+        server.wait(10)
