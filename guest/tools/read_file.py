@@ -108,8 +108,7 @@ def _answer(data: bytes, encoding: str, shown: str, size: int, extra: dict[str, 
         except UnicodeDecodeError:
             content, valid = data.decode("utf-8", errors="replace"), False
     result: Result = {
-        "output": content,
-        "content": content,
+        "output": content,  # the file's text (base64 with encoding=base64), as every tool's `output`
         "encoding": encoding,
         "path": shown,
         "size": size,

@@ -15,7 +15,7 @@ async def test_write_then_read_utf8(guest: GuestProc, client: GuestClient) -> No
     assert w["output"] == "Successfully wrote 13 bytes to a/b/hello.txt"
     assert (guest.workspace / "a/b/hello.txt").read_text() == "héllo\nworld\n"
     r = await call(client, "read_file", path="a/b/hello.txt")
-    assert r["output"] == r["content"] == "héllo\nworld\n" and r["size"] == 13
+    assert r["output"] == "héllo\nworld\n" and r["size"] == 13
 
 
 async def test_binary_round_trip_128k_plus_3_via_base64(guest: GuestProc, client: GuestClient) -> None:
@@ -26,7 +26,7 @@ async def test_binary_round_trip_128k_plus_3_via_base64(guest: GuestProc, client
     assert w["bytes_written"] == len(data)
     assert (guest.workspace / "blob.bin").read_bytes() == data
     r = await call(client, "read_file", path="blob.bin", encoding="base64")
-    assert base64.b64decode(r["content"]) == data
+    assert base64.b64decode(r["output"]) == data
 
 
 async def test_write_mode_and_atomic_replace(guest: GuestProc, client: GuestClient) -> None:
@@ -41,9 +41,9 @@ async def test_write_mode_and_atomic_replace(guest: GuestProc, client: GuestClie
 async def test_line_range_and_byte_window(guest: GuestProc, client: GuestClient) -> None:
     (guest.workspace / "lines.txt").write_text("".join(f"line {i}\n" for i in range(1, 11)))
     r = await call(client, "read_file", path="lines.txt", start_line=3, end_line=4)
-    assert r["content"] == "line 3\nline 4\n"
+    assert r["output"] == "line 3\nline 4\n"
     r = await call(client, "read_file", path="lines.txt", offset=7, limit=7)
-    assert r["content"] == "line 2\n" and not r["eof"]
+    assert r["output"] == "line 2\n" and not r["eof"]
 
 
 async def test_size_cap_names_the_limit(guest: GuestProc, client: GuestClient) -> None:
@@ -52,7 +52,7 @@ async def test_size_cap_names_the_limit(guest: GuestProc, client: GuestClient) -
     r = await call(client, "read_file", limits=limits, path="big.txt")
     assert r["is_error"] and "limits.file_max_bytes (4096)" in r["error"]
     r = await call(client, "read_file", limits=limits, path="big.txt", offset=4096, limit=1000)
-    assert r["content"] == "x" * 904
+    assert r["output"] == "x" * 904
     r = await call(client, "write_file", limits=limits, path="w.txt", content="y" * 5000)
     assert r["is_error"] and "limits.file_max_bytes (4096)" in r["error"]
 
@@ -60,7 +60,7 @@ async def test_size_cap_names_the_limit(guest: GuestProc, client: GuestClient) -
 async def test_invalid_utf8_is_flagged(guest: GuestProc, client: GuestClient) -> None:
     (guest.workspace / "bin").write_bytes(b"ok\xff")
     r = await call(client, "read_file", path="bin")
-    assert r["content"] == "ok\ufffd" and r["invalid_utf8"]
+    assert r["output"] == "ok\ufffd" and r["invalid_utf8"]
 
 
 async def test_errors_are_results(client: GuestClient) -> None:
@@ -107,9 +107,9 @@ async def test_inside_symlink_and_dotdot_that_stays_inside_are_fine(
     (guest.workspace / "d").mkdir()
     (guest.workspace / "d/f.txt").write_text("inside")
     os.symlink("d/f.txt", guest.workspace / "ok-link")
-    assert (await call(client, "read_file", path="ok-link"))["content"] == "inside"
-    assert (await call(client, "read_file", path="d/../d/f.txt"))["content"] == "inside"
-    assert (await call(client, "read_file", path=str(guest.workspace / "d/f.txt")))["content"] == "inside"
+    assert (await call(client, "read_file", path="ok-link"))["output"] == "inside"
+    assert (await call(client, "read_file", path="d/../d/f.txt"))["output"] == "inside"
+    assert (await call(client, "read_file", path=str(guest.workspace / "d/f.txt")))["output"] == "inside"
 
 
 async def test_list_dir_seed_format_structured_and_depth(guest: GuestProc, client: GuestClient) -> None:

@@ -29,7 +29,7 @@ async def test_activate_gives_body_and_bundled_files(client: GuestClient) -> Non
     ]
     assert r["output"].endswith("Bundled files:\n" + "\n".join(r["files"]))
     # The bundled files are usable with the other tools (read-only for file tools).
-    assert (await call(client, "read_file", path=r["files"][0]))["content"] == "# Table options\n"
+    assert (await call(client, "read_file", path=r["files"][0]))["output"] == "# Table options\n"
     assert (await call(client, "bash", command=f"{r['files'][1]} doc.pdf"))[
         "stdout"
     ] == "extracting doc.pdf\n"
