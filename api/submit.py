@@ -38,7 +38,8 @@ async def submit(fleet: Fleet, request: Request, job: NewJob, fingerprint: Calla
 
     `fingerprint` gives the request's canonical hash; it is only computed under an Idempotency-Key."""
     if not sync:
-        return await _accepted(fleet, await _enqueue(fleet, request, job, fingerprint, new_job_id()))
+        result = await _enqueue(fleet, request, job, fingerprint, new_job_id())
+        return await _accepted(fleet, result.job_id, result.record)
     limit_s = wait_s if wait_s is not None else fleet.config.jobs.sync_wait_s
     job_id = new_job_id()
     # Watched before it exists: the answer then comes from the done notification alone.
@@ -49,17 +50,18 @@ async def submit(fleet: Fleet, request: Request, job: NewJob, fingerprint: Calla
     if not result.created:  # an idempotent replay: that job may have ended long ago
         with fleet.waiter.follow(result.job_id) as watch:
             outcome = await watch.outcome(limit_s)
-    if outcome is None:
-        return await _accepted(fleet, result)
+    if outcome is None:  # not done within the limit: 202 with the job as it is now
+        return await _accepted(fleet, result.job_id)
     if outcome.state == JobState.SUCCEEDED:
         return JSONResponse(outcome.result or {})
     raise problem_of(result.job_id, outcome)
 
 
-async def _accepted(fleet: Fleet, result: EnqueueResult) -> Response:
-    record = result.record or await fleet.queue.get_job(result.job_id)
+async def _accepted(fleet: Fleet, job_id: str, record: JobRecord | None = None) -> Response:
+    """202 with `record`, or the job as Redis has it now (a replay, or a sync call past its limit)."""
+    record = record or await fleet.queue.get_job(job_id)
     if record is None:  # expired between enqueue and now: only with absurdly short TTLs
-        raise Conflict("the job expired before it could be answered", job_id=result.job_id)
+        raise Conflict("the job expired before it could be answered", job_id=job_id)
     return accepted(record)
 
 

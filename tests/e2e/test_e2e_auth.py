@@ -67,5 +67,6 @@ def test_a_sync_call_outliving_the_wait_limit_answers_202_with_its_location(auth
         r = alice.post("/v1/environments/my-env/sessions/alice-slow", json=slow)
         assert r.status_code == 202, r.text
         assert AUTH_FLEET_SYNC_WAIT_S <= time.monotonic() - started < AUTH_FLEET_SYNC_WAIT_S + 3
+        assert r.json()["state"] == "running"  # the job as it is at the limit, not as it was enqueued
         done = alice.get(r.headers["location"], params={"wait": 30}).json()
         assert done["state"] == "succeeded" and done["result"]["output"] == "late\n"
