@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from api.fleet import Fleet
 from api.problems import ApiProblem, Conflict, IdempotencyConflict
 from common.job_json import job_to_json
-from common.metrics import JOBS_ENQUEUED
+from common.metrics import JOBS_ENQUEUED, Children
 from common.queue import EnqueueResult, JobKind, JobRecord, JobState, NewJob, Outcome
 from common.queue import IdempotencyConflict as QueueIdempotencyConflict
 from common.queue.queue import new_job_id
@@ -23,6 +23,8 @@ from common.secret_box import SEALED_ENV_KEY
 from common.tool_calls import ToolCall
 
 log = logging.getLogger("atefleet.api")
+
+_ENQUEUED = Children(JOBS_ENQUEUED)  # one labelled child per job kind, looked up once
 
 
 def wants_async(request: Request, body_flag: bool = False) -> bool:
@@ -75,7 +77,7 @@ async def _enqueue(fleet: Fleet, request: Request, job: NewJob, fingerprint: Cal
         raise IdempotencyConflict(
             "this Idempotency-Key was used with a different request", job_id=err.job_id) from err
     if result.created:
-        JOBS_ENQUEUED.labels(kind=str(job.kind)).inc()
+        _ENQUEUED(str(job.kind)).inc()
     if log.isEnabledFor(logging.DEBUG):
         log.debug("job accepted", extra={"fields": {
             "job": result.job_id, "session": job.session, "principal": job.principal,

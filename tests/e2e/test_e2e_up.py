@@ -63,13 +63,17 @@ def _ready(fleet: RunningFleet) -> bool:
         return False
 
 
-def _bash(c: httpx.Client, sid: str, command: str) -> dict[str, object]:
+def _bash_call(c: httpx.Client, sid: str, command: str) -> httpx.Response:
     body = {
         "call_id": "c",
         "type": "function_call",
         "function": {"name": "bash", "arguments": json.dumps({"command": command})},
     }
-    r = c.post(f"/v1/environments/my-env/sessions/{sid}", json=body)
+    return c.post(f"/v1/environments/my-env/sessions/{sid}", json=body)
+
+
+def _bash(c: httpx.Client, sid: str, command: str) -> dict[str, object]:
+    r = _bash_call(c, sid, command)
     assert r.status_code == 200, r.text
     return dict(r.json())
 
@@ -124,9 +128,7 @@ def _redis_outage_is_a_503(fleet: RunningFleet) -> None:
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            body = {"call_id": "c", "type": "function_call",
-                    "function": {"name": "bash", "arguments": json.dumps({"command": "echo up"})}}
-            r = c.post("/v1/environments/my-env/sessions/keep", json=body)
+            r = _bash_call(c, "keep", "echo up")
             statuses.append(r.status_code)
             if r.status_code == 503:
                 assert r.headers["content-type"] == "application/problem+json"
