@@ -104,7 +104,7 @@ async def wait_until(cond: Any, timeout_s: float = 300.0, every_s: float = 0.005
 async def ours_throughput(redis: aioredis.Redis, url: str, workers: int) -> float:
     await redis.flushall()
     queue = Queue(redis, config())
-    await queue.ensure_group()
+    await queue.load_scripts()
     procs = spawn("ours", url, workers)
     try:
         await wait_until(lambda: _consumers_ready(redis, workers))
@@ -133,7 +133,7 @@ async def _zero(value: Any) -> bool:
 async def ours_latency(redis: aioredis.Redis, url: str) -> tuple[float, float]:
     await redis.flushall()
     queue = Queue(redis, config())
-    await queue.ensure_group()
+    await queue.load_scripts()
     procs = spawn("ours", url, 1)
     waiter = JobWaiter(queue)
     samples: list[float] = []
@@ -185,7 +185,7 @@ async def memory(redis: aioredis.Redis) -> tuple[float, float]:
     """(bytes per idle session with one finished job, bytes per queued job), via used_memory deltas."""
     await redis.flushall()
     queue = Queue(redis, config(), end_marker_ttl_ms=1)
-    await queue.ensure_group()
+    await queue.load_scripts()
     n = 2000
     base = await _used(redis)
 

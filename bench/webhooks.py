@@ -90,13 +90,10 @@ def _parse_headers(head: bytes) -> dict[str, str]:
 
 
 async def complete_all(queue: Queue, job_ids: list[str]) -> None:
-    """Finish every queued job (each in its own session) through ready → acquire → complete."""
+    """Finish every queued job (each in its own session) through take_work → complete."""
     left = set(job_ids)
     while left:
-        for entry_id, session in await queue.read_ready("bench-worker", 1000, 1000):
-            got = await queue.acquire(entry_id, session, "bench-worker")
-            if got.lease is None or got.job is None:
-                continue
+        for got in await queue.take_work("bench-worker", 1000):
             await queue.complete(got.lease, got.job.id, JobState.SUCCEEDED, result={"exit_code": 0})
             left.discard(got.job.id)
 
@@ -172,7 +169,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/hook"
     redis = aioredis.Redis.from_url(redis_server.url)
     queue = Queue(redis, config)
-    await queue.ensure_group()
+    await queue.load_scripts()
     child = start_child(workdir / "config.yaml")
     try:
         await steady(queue, receiver, url, 5)  # warm-up: the child is up and connected

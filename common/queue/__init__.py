@@ -31,7 +31,7 @@ from common.queue.models import (
     RetryLater,
 )
 from common.queue.queue import Queue
-from common.queue.scripts import Acquired, Lease
+from common.queue.scripts import Handoff, Lease
 from common.queue.waiter import JobWaiter, Outcome, Watch
 
 __all__ = [
@@ -39,9 +39,9 @@ __all__ = [
     "PROBLEM_INVALID_RESULT",
     "PROBLEM_RETRIES_EXHAUSTED",
     "TERMINAL_STATES",
-    "Acquired",
     "Consumer",
     "EnqueueResult",
+    "Handoff",
     "Handler",
     "HandlerOutcome",
     "IdempotencyConflict",

@@ -1,10 +1,13 @@
 """Consumer: the worker runtime that drains sessions from the queue with a handler callback.
 
-One Consumer per worker process runs up to `concurrency` sessions at once (asyncio tasks). For
-each `ready` entry it acquires the session's lease, runs up to `jobs_per_turn` jobs of that
-session in FIFO order (complete-and-take-next is one round trip), then releases so hot sessions
-cannot starve others. `LeaseKeeper` renews all held leases in one script call; a lost lease stops that
-session's work here (see leases.py) and nothing more is written for it. Redis connection errors
+One Consumer per worker process runs up to `concurrency` sessions at once (asyncio tasks). Its
+reader takes sessions waiting in `ready` and announces the slots it has left; while it has slots
+announced, sessions that become ready are handed to it directly, lease and head job included, so
+a job reaches a waiting worker in one step (no read-then-acquire round trip). Each session turn
+runs up to `jobs_per_turn` jobs of that session in FIFO order (complete-and-take-next is one round
+trip), then releases so hot sessions cannot starve others. `LeaseKeeper` renews all held leases
+in one script call; a lost lease stops that session's work here (see leases.py) and nothing more
+is written for it. Redis connection errors
 are retried with backoff, so workers ride out a Redis restart on their own.
 """
 
@@ -33,10 +36,14 @@ from common.queue.models import (
     RetryLater,
 )
 from common.queue.queue import Queue
+from common.queue.scripts import Handoff
 
 log = logging.getLogger("atefleet.queue.consumer")
 
 T = TypeVar("T")
+
+#: An announcement of free slots outlives this many missed renewals.
+ANNOUNCE_RENEWALS = 3
 
 @dataclass(slots=True)
 class _Outcome:
@@ -78,8 +85,12 @@ class Consumer:
         #: Counters for tests and metrics.
         self.stats = {"jobs": 0, "turns": 0, "leases_lost": 0, "retries": 0}
         self._leases = LeaseKeeper(queue, worker_id, self.stats)
-        #: The blocking reads of `ready` have a connection of their own (see Queue.read_ready).
-        self._ready_link = RedisLink(queue.redis)
+        #: The blocking reads of the inbox have a connection of their own (see Queue.wait_handoffs).
+        self._inbox_link = RedisLink(queue.redis)
+        #: How long an announcement of free slots lasts unrenewed (the reader renews it every
+        #: block_ms). Past it the worker is taken for dead: nothing more is handed to it, and the
+        #: reconciler hands on what its inbox holds. A crashed worker attracts sessions this long.
+        self.announce_s = ANNOUNCE_RENEWALS * block_ms / 1000
         self._finished = Children(JOBS_FINISHED)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -87,7 +98,9 @@ class Consumer:
         """Consume until `stop()`; then finish running jobs (grace), cancel the rest, return."""
         self._running = True
         try:
-            await self._retrying(self.queue.ensure_group, deadline=None)
+            await self._retrying(self.queue.load_scripts, deadline=None)
+            # A previous process under this id may have left sessions in the inbox: hand them on.
+            await self._retrying(lambda: self.queue.retire(self.worker_id, wake=False), deadline=None)
         except Stopped:
             self._done.set()
             return
@@ -109,14 +122,18 @@ class Consumer:
     async def _shutdown(self, *background: asyncio.Task[None]) -> None:
         reader, renewer, listener = background
         # The reader goes first so no new session is taken; turns end after their current job.
-        # It is let to finish its blocking read (entries it got still run) rather than cancelled:
-        # an entry delivered but dropped would wait for the reconciler's XAUTOCLAIM.
+        # Retiring withdraws the announcement, hands on what the inbox holds and wakes the
+        # reader's blocking read. The reader is let to finish that read (a session it got still
+        # runs) rather than cancelled: a handoff popped but dropped would wait for its lease to
+        # expire. A second retire catches a renewal the reader sent while the first ran.
         self._stop.set()
         self._slot_free.set()
+        await self._retire(wake=True)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(reader), self.block_ms / 1000 + 1.0)
         await _cancel_and_wait(reader)
-        await self._ready_link.aclose()
+        await self._retire(wake=False)
+        await self._inbox_link.aclose()
         if self._turn_tasks:
             await asyncio.wait(set(self._turn_tasks), timeout=self.stop_grace_s)
         # Past the grace period, cancel running handlers: each turn then releases its lease so
@@ -132,31 +149,59 @@ class Consumer:
         await _cancel_and_wait(renewer)
         await _cancel_and_wait(listener)
 
-    # -- reading `ready` -------------------------------------------------------------------------
+    # -- taking sessions -------------------------------------------------------------------------
     async def _read_loop(self) -> None:
+        announced = 0  # slots announced and not handed yet, as far as this worker knows
+        renew_at = 0.0  # monotonic time to renew the announcement by
         while not self._stop.is_set():
             free = self.concurrency - len(self._turn_tasks)
-            if free <= 0:
+            now = time.monotonic()
+            if free > announced or (announced > 0 and now >= renew_at):
+                try:
+                    taken = await self._retrying(
+                        lambda n=free - announced, f=free: self.queue.take_work(  # type: ignore[misc]
+                            self.worker_id, n, announce_s=self.announce_s, free=f
+                        ),
+                        deadline=None,
+                    )
+                except Stopped:
+                    return
+                except Exception:  # a reader that dies silently would stop this worker for good
+                    log.exception("taking work failed; retrying")
+                    await asyncio.sleep(BACKOFF_MAX_S)
+                    continue
+                announced = free - len(taken)  # every free slot not filled is announced now
+                renew_at = now + self.block_ms / 1000
+                self._start(taken)
+            elif announced <= 0:  # every slot busy: nothing announced, nothing to wait for in Redis
                 self._slot_free.clear()
-                await self._slot_free.wait()
-                continue  # (stop() also sets it, to end this loop)
-            try:
-                entries = await self._retrying(
-                    lambda n=free: self.queue.read_ready(  # type: ignore[misc]
-                        self.worker_id, n, self.block_ms, self._ready_link
-                    ),
-                    deadline=None,
-                )
-            except Stopped:
-                return
-            except Exception:  # a reader that dies silently would stop this worker for good
-                log.exception("reading `ready` failed; retrying")
-                await asyncio.sleep(BACKOFF_MAX_S)
-                continue
-            for entry_id, session in entries:
-                task = asyncio.create_task(self._turn(entry_id, session))
-                self._turn_tasks.add(task)
-                task.add_done_callback(self._turn_finished)
+                await self._slot_free.wait()  # (stop() also sets it, to end this loop)
+            else:
+                try:
+                    handed = await self._retrying(
+                        lambda wait=renew_at - now: self.queue.wait_handoffs(  # type: ignore[misc]
+                            self.worker_id, wait, self._inbox_link
+                        ),
+                        deadline=None,
+                    )
+                except Stopped:
+                    return
+                except Exception:
+                    log.exception("reading the inbox failed; retrying")
+                    await asyncio.sleep(BACKOFF_MAX_S)
+                    continue
+                announced -= len(handed)
+                self._start(handed)
+
+    def _start(self, handoffs: list[Handoff]) -> None:
+        for handoff in handoffs:
+            task = asyncio.create_task(self._turn(handoff))
+            self._turn_tasks.add(task)
+            task.add_done_callback(self._turn_finished)
+
+    async def _retire(self, wake: bool) -> None:
+        with contextlib.suppress(*TRANSIENT):  # unreachable: its handed sessions' leases expire
+            await self.queue.retire(self.worker_id, wake=wake)
 
     def _turn_finished(self, task: asyncio.Task[None]) -> None:
         self._turn_tasks.discard(task)
@@ -165,21 +210,14 @@ class Consumer:
             log.error("session turn crashed", exc_info=task.exception())
 
     # -- one session turn ------------------------------------------------------------------------
-    async def _turn(self, entry_id: str, session: str) -> None:
-        started = time.monotonic()
-        try:
-            acquired = await self._retrying(
-                lambda: self.queue.acquire(entry_id, session, self.worker_id), started + self.lease_ttl_s
-            )
-        except LeaseLost:
-            return  # if it did take the lease, the lease expires and repair re-notifies
-        if acquired.lease is None:
-            return
-        turn = Turn(acquired.lease, expires_at=started + self.lease_ttl_s, task=asyncio.current_task())
+    async def _turn(self, handoff: Handoff) -> None:
+        # The lease was taken when the session was handed over, a moment ago at most.
+        expires_at = time.monotonic() + self.lease_ttl_s
+        turn = Turn(handoff.lease, expires_at=expires_at, task=asyncio.current_task())
         self._leases.hold(turn)
         self.stats["turns"] += 1
         try:
-            await self._drain(turn, acquired.job)
+            await self._drain(turn, handoff.job)
         except asyncio.CancelledError:
             if not turn.lost:
                 await asyncio.shield(self._release_quietly(turn))

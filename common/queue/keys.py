@@ -13,9 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Consumer group of the `ready` stream that all workers read with.
-READY_GROUP = "workers"
-
 
 def session_name(environment: str, session_id: str) -> str:
     """The string form of a session, `env/sid`, used in keys, events and headers."""
@@ -37,8 +34,19 @@ class Keys:
     # -- fleet-wide keys -------------------------------------------------------------------------
     @property
     def ready(self) -> str:
-        """Stream (group `workers`): one entry per session that has work and no owner."""
+        """Stream: one entry per session that has work and no owner while no worker had a free
+        slot announced (otherwise the session is handed to a worker directly)."""
         return f"{self.prefix}ready"
+
+    @property
+    def idle(self) -> str:
+        """Zset worker id → free slots it announced and has not been handed yet (> 0 only)."""
+        return f"{self.prefix}idle"
+
+    @property
+    def idle_until(self) -> str:
+        """Hash worker id → unix ms its announcement lasts (a worker renews it while it runs)."""
+        return f"{self.prefix}idle_until"
 
     @property
     def events(self) -> str:
@@ -104,6 +112,12 @@ class Keys:
         """String (JSON): per-call secret env vars, deleted once consumed or at any terminal state."""
         return f"{self.prefix}sec:{job_id}"
 
+    # -- per worker ------------------------------------------------------------------------------
+    def inbox(self, worker_id: str) -> str:
+        """List: sessions handed to the worker (JSON: session, epoch, head job fields), which it
+        is blocked on; an empty entry only wakes it."""
+        return f"{self.prefix}inbox:{worker_id}"
+
     # -- per session -----------------------------------------------------------------------------
     def fifo(self, session: str) -> str:
         """List: the session's FIFO of job ids (head = running or next)."""
@@ -134,9 +148,9 @@ class Keys:
         p = _lua_string(self.prefix)
         constants = {
             "K_READY": self.ready, "K_EVENTS": self.events, "K_CALLBACKS": self.callbacks, "K_DLQ": self.dlq,
-            "K_DELAYED": self.delayed,
-            "K_ACTIVE": self.active, "K_WORK": self.work, "CH_DONE": self.done_channel,
-            "CH_CANCEL": self.cancel_channel, "GROUP": READY_GROUP,
+            "K_DELAYED": self.delayed, "K_ACTIVE": self.active, "K_WORK": self.work,
+            "K_IDLE": self.idle, "K_IDLE_UNTIL": self.idle_until,
+            "CH_DONE": self.done_channel, "CH_CANCEL": self.cancel_channel,
         }
         lines = [f"local {name} = {_lua_string(value)}\n" for name, value in constants.items()]
         return "".join(lines) + (
@@ -148,6 +162,7 @@ class Keys:
             f"local function lease_key(s) return {p} .. 'lease:{{' .. s .. '}}' end\n"
             f"local function idem_key(principal, k) return {p} .. 'idem:' .. principal .. ':' .. k end\n"
             f"local function index_key(env) return {p} .. 'sessions:' .. env end\n"
+            f"local function inbox_key(w) return {p} .. 'inbox:' .. w end\n"
         )
 
 

@@ -35,7 +35,24 @@ RedisArg = str | int | float | bytes
 
 
 def encode_command(args: tuple[RedisArg, ...]) -> bytes:
-    """RESP array of bulk strings (floats as repr, like redis-py)."""
+    """RESP array of bulk strings (floats as repr, like redis-py).
+
+    The queue's calls are ASCII text and ints (ids, names, JSON without non-ASCII characters):
+    those are laid out as one string and encoded once, a third of the CPU of encoding argument
+    by argument, which anything else still is."""
+    parts: list[str] = []
+    for arg in args:
+        if type(arg) is str and arg.isascii():  # the length in characters is the length in bytes
+            text = arg
+        elif type(arg) is int:
+            text = str(arg)
+        else:
+            return _encode_each(args)
+        parts.append(f"${len(text)}\r\n{text}\r\n")
+    return f"*{len(args)}\r\n{''.join(parts)}".encode()
+
+
+def _encode_each(args: tuple[RedisArg, ...]) -> bytes:
     parts = [b"*%d\r\n" % len(args)]
     for arg in args:
         if isinstance(arg, bytes):

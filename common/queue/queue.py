@@ -1,8 +1,9 @@
 """Queue: the durable per-session FIFO job queue on one Redis.
 
 The API side enqueues (single or batch, idempotent), reads jobs, cancels, reads output and sessions.
-The worker side (normally through `Consumer`) reads `ready`, acquires a session's lease and its head
-job, completes/fails/retries fenced by the lease, and releases. The reconciler calls the repair
+The worker side (normally through `Consumer`) is handed sessions, each with its lease and head job
+(taken from `ready`, or pushed to the worker's inbox while it waits with free slots announced),
+completes/fails/retries fenced by the lease, and releases. The reconciler calls the repair
 primitives. Bookkeeping (ids, fingerprints, backoff, config) lives here; storage work is one Lua
 script per operation in `QueueScripts`.
 """
@@ -18,10 +19,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
 
 from common.config import Config
-from common.queue.keys import READY_GROUP, Keys, session_name
+from common.queue.keys import Keys, session_name
 from common.queue.link import RedisLink
 from common.queue.models import (
     PROBLEM_CANCELLED,
@@ -32,7 +32,7 @@ from common.queue.models import (
     NewJob,
     text,
 )
-from common.queue.scripts import EVENTS_MAXLEN, Acquired, Lease, QueueScripts, ScriptLimits
+from common.queue.scripts import EVENTS_MAXLEN, Handoff, Lease, QueueScripts, ScriptLimits
 
 #: Lifetime of an output stream that holds only the end marker (the job wrote no output but a
 #: reader was blocked on it): long enough to wake that reader; later ones see the terminal record.
@@ -41,8 +41,6 @@ END_MARKER_TTL_MS = 10_000
 #: Entry id returned for the end marker of a job whose (output-less) stream has expired.
 SYNTHETIC_END_ID = "0-1"
 
-#: A `ready` consumer (worker id) idle this long with nothing pending is forgotten.
-CONSUMER_IDLE_PRUNE_MS = 3_600_000
 
 #: Session hash fields the queue owns; `update_session` refuses them.
 RESERVED_SESSION_FIELDS = frozenset({"epoch", "nid"})
@@ -98,8 +96,8 @@ class Queue:
         self.config = config
         self.keys = Keys(config.redis_prefix)
         self.lease_ttl_ms = int(config.workers.lease_ttl_s * 1000)
-        #: `read_ready`'s connection when its caller brings none (opened on first use).
-        self._ready_link = RedisLink(redis)
+        #: `wait_handoffs`' connection when its caller brings none (opened on first use).
+        self._inbox_link = RedisLink(redis)
         self.scripts = QueueScripts(redis, self.keys, ScriptLimits(
             ttl_ms=int(config.jobs.ttl_s * 1000),
             end_ttl_ms=end_marker_ttl_ms,
@@ -112,7 +110,7 @@ class Queue:
     async def aclose(self) -> None:
         """Close the queue's own connections; the redis client passed in stays the caller's."""
         await self.scripts.aclose()
-        await self._ready_link.aclose()
+        await self._inbox_link.aclose()
 
     # -- API side --------------------------------------------------------------------------------
     async def enqueue(
@@ -230,42 +228,48 @@ class Queue:
         return await self.scripts.record_webhook(job_id, attempt)
 
     # -- worker side -----------------------------------------------------------------------------
-    async def ensure_group(self) -> None:
-        """Load the scripts; create the `ready` stream's group (from the stream's start) if missing."""
+    async def load_scripts(self) -> None:
+        """Load every script now (a worker's start-up; callers that skip it load each on first use)."""
         await self.scripts.load()
-        try:
-            await self.redis.xgroup_create(self.keys.ready, READY_GROUP, id="0", mkstream=True)
-        except ResponseError as err:
-            if "BUSYGROUP" not in str(err):
-                raise
 
-    async def read_ready(
-        self, consumer: str, count: int, block_ms: int, link: RedisLink | None = None
-    ) -> list[tuple[str, str]]:
-        """New `ready` entries for this consumer: [(entry id, session)]. Blocks up to block_ms (>0).
+    async def take_work(
+        self, worker_id: str, slots: int, *, announce_s: float = 0.0, free: int | None = None
+    ) -> list[Handoff]:
+        """Take up to `slots` sessions waiting in `ready` (each with its lease and head job).
 
-        The read goes over `link`, or the queue's own reading link: a blocking command must not
-        share the scripts' pipelined link (it would hold up every command behind it), and a
-        reader that reads all the time (a Consumer) passes a link of its own for the same reason.
+        With `announce_s`, the slots left unfilled are announced for that long: sessions becoming
+        ready meanwhile are handed to this worker's inbox (`wait_handoffs`). A worker renews the
+        announcement by calling again, with `slots` = the free slots it has not announced yet
+        (0 when none). When it had no live announcement (its first call, or one that lapsed and
+        may have been forgotten with its inbox), all its `free` slots (default `slots`) count.
         """
-        block = ("BLOCK", block_ms) if block_ms else ()
-        try:
-            got = await (link or self._ready_link).execute(
-                "XREADGROUP", "GROUP", READY_GROUP, consumer, "COUNT", count, *block,
-                "STREAMS", self.keys.ready, ">",
-            )
-        except ResponseError as err:
-            if "NOGROUP" not in str(err):
-                raise
-            await self.ensure_group()  # Redis came back without the group (data lost or flushed)
-            return []
-        if not got:
-            return []
-        return [(text(eid), _field(fields, "s")) for eid, fields in got[0][1]]
+        return await self.scripts.take_work(
+            worker_id, slots, now_ms(), int(announce_s * 1000), slots if free is None else free
+        )
 
-    async def acquire(self, entry_id: str, session: str, worker_id: str) -> Acquired:
-        """Consume a `ready` entry; on success the lease (new epoch) and the head job, running."""
-        return await self.scripts.acquire(entry_id, session, worker_id, now_ms())
+    async def wait_handoffs(
+        self, worker_id: str, block_s: float, link: RedisLink | None = None
+    ) -> list[Handoff]:
+        """Sessions handed to this worker; blocks up to block_s for the first, [] on timeout.
+
+        The read goes over `link`, or the queue's own inbox link: a blocking command must not
+        share the scripts' pipelined link (it would hold up every command behind it). An empty
+        entry (a wake-up from `retire`) gives [].
+        """
+        key = self.keys.inbox(worker_id)
+        got = await (link or self._inbox_link).execute("BLPOP", key, max(block_s, 0.001))
+        if not got or not got[1]:
+            return []
+        return [Handoff.decode(worker_id, got[1])]
+
+    async def retire(self, worker_id: str, wake: bool = True) -> int:
+        """Withdraw the worker's announcement; release the sessions handed to it but not taken.
+
+        Called when a worker stops (`wake` pushes an empty entry so its blocked read returns) and
+        when one starts (a previous process under the same id may have left sessions there).
+        Returns the sessions released.
+        """
+        return await self.scripts.retire(worker_id, now_ms(), wake)
 
     async def complete(
         self, lease: Lease, job_id: str, state: JobState, *, result: dict[str, Any] | None = None,
@@ -299,7 +303,7 @@ class Queue:
 
     async def release(self, lease: Lease) -> bool:
         """Fenced release (re-notifies when work remains); False when the lease was already lost."""
-        return await self.scripts.release(lease)
+        return await self.scripts.release(lease, now_ms())
 
     async def renew(self, leases: Sequence[tuple[Lease, str | None]]) -> list[int]:
         """Renew many leases at once: per lease 0 lost, 1 renewed, 2 renewed + cancel requested."""
@@ -334,66 +338,28 @@ class Queue:
         """Sessions whose retry backoff is over: notified again."""
         return await self.scripts.notify_delayed(now_ms(), limit)
 
-    async def claim_stale_ready(self, min_idle_ms: int | None = None, count: int = 1000) -> int:
-        """`ready` entries read but never acted on (reader died) are replaced by fresh ones."""
-        idle = self.lease_ttl_ms if min_idle_ms is None else min_idle_ms
-        try:
-            raw = await self.redis.execute_command(  # type: ignore[no-untyped-call]
-                "XAUTOCLAIM", self.keys.ready, READY_GROUP, "reconciler", idle, "0-0", "COUNT", count
-            )
-        except ResponseError as err:
-            if "NOGROUP" not in str(err):
-                raise
-            await self.ensure_group()
-            return 0
-        # Redis 6.2 answers [cursor, entries]; 7 adds a third element (deleted ids).
-        entries = [(text(e[0]), _field(e[1], "s")) for e in raw[1] if e]
-        return await self.scripts.renotify(entries) if entries else 0
-
     async def notify_orphaned_work(self, page: int = 500) -> int:
         """Sessions with work, no owner, no backoff and no live notification: notified."""
         start, notified = 0, 0
         while True:
-            n, seen = await self.scripts.notify_orphans(start, page)
+            n, seen = await self.scripts.notify_orphans(start, page, now_ms())
             notified += n
             if seen < page:
                 return notified
             start += page
 
-    async def prune_idle_consumers(self, idle_ms: int = CONSUMER_IDLE_PRUNE_MS) -> int:
-        """Forget `ready` consumers (worker ids) idle that long with nothing pending.
-
-        Every worker process start adds one; a live worker that was pruned is re-created by
-        its next read.
-        """
-        try:
-            consumers = await self.redis.xinfo_consumers(self.keys.ready, READY_GROUP)
-        except ResponseError:
-            return 0  # no stream or group yet
-        pruned = 0
-        for c in consumers:
-            if int(c["pending"]) == 0 and int(c["idle"]) >= idle_ms:
-                await self.redis.xgroup_delconsumer(self.keys.ready, READY_GROUP, text(c["name"]))
-                pruned += 1
-        return pruned
+    async def forget_dead_workers(self) -> int:
+        """Workers whose announcement lapsed (crashed, or stalled past it): forgotten."""
+        return await self.scripts.forget_workers(now_ms())
 
     async def repair(self) -> dict[str, int]:
         """Every repair, in the order that lets one pass fix a crashed worker's session."""
         return {
             "expired_leases": await self.repair_expired_leases(),
             "due_delayed": await self.notify_due_delayed(),
-            "stale_ready": await self.claim_stale_ready(),
+            "dead_workers": await self.forget_dead_workers(),
             "orphaned_work": await self.notify_orphaned_work(),
-            "idle_consumers": await self.prune_idle_consumers(),
         }
-
-
-def _field(flat: Any, name: str) -> str:
-    """A field of a raw stream entry ([k, v, ...] list or dict)."""
-    if isinstance(flat, dict):
-        return text(flat.get(name.encode(), flat.get(name, "")))
-    pairs = {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat), 2)}
-    return pairs.get(name, "")
 
 
 def _entries(raw: Sequence[Any]) -> list[OutputEntry]:

@@ -31,9 +31,9 @@ DLQ_MAXLEN = 10_000
 DONE_INLINE_MAX = 16_384
 
 SCRIPT_NAMES = (
-    "enqueue", "acquire", "complete", "retry", "release", "renew", "append_output", "take_secrets",
-    "update_session", "cancel", "record_webhook", "repair_leases", "notify_delayed", "renotify",
-    "notify_orphans", "forget_session",
+    "enqueue", "take_work", "retire", "complete", "retry", "release", "renew", "append_output",
+    "take_secrets", "update_session", "cancel", "record_webhook", "repair_leases", "notify_delayed",
+    "notify_orphans", "forget_workers", "forget_session",
 )
 
 
@@ -71,12 +71,17 @@ class Lease:
 
 
 @dataclass(frozen=True)
-class Acquired:
-    """What `acquire` found: status ok/owned/delayed/empty; lease and head job when ok."""
+class Handoff:
+    """A session handed to a worker: its lease (new epoch) and its head job, now running."""
 
-    status: str
-    lease: Lease | None = None
-    job: JobRecord | None = None
+    lease: Lease
+    job: JobRecord
+
+    @classmethod
+    def decode(cls, worker_id: str, raw: str | bytes) -> Handoff:
+        """From the JSON array notify/take_work build: session, epoch, jid, field, value, ..."""
+        flat = json.loads(raw)
+        return cls(Lease(flat[0], worker_id, int(flat[1])), _head_job(flat[2:]))
 
 
 def _load(name: str) -> str:
@@ -140,12 +145,14 @@ class QueueScripts:
             raise IdempotencyConflict(jobs[index][2] or "", _str(raw[2]))
         return [(_str(raw[i]), int(raw[i + 1]) == 1) for i in range(1, len(raw), 2)]
 
-    async def acquire(self, entry_id: str, session: str, worker_id: str, now_ms: int) -> Acquired:
-        raw = await self._run("acquire", [entry_id, session, worker_id, now_ms])
-        status = _str(raw[0])
-        if status != "ok":
-            return Acquired(status)
-        return Acquired(status, Lease(session, worker_id, int(raw[1])), _head_job(raw[2:]))
+    async def take_work(
+        self, worker_id: str, slots: int, now_ms: int, announce_ms: int, free: int
+    ) -> list[Handoff]:
+        raw = await self._run("take_work", [worker_id, slots, now_ms, announce_ms, free])
+        return [Handoff.decode(worker_id, h) for h in raw]
+
+    async def retire(self, worker_id: str, now_ms: int, wake: bool) -> int:
+        return int(await self._run("retire", [worker_id, now_ms, int(wake)]))
 
     async def complete(
         self, lease: Lease, job_id: str, state: str, field: str, value: str, now_ms: int, take_next: bool
@@ -174,8 +181,8 @@ class QueueScripts:
             raise _lost(lease, f"job {job_id} not retried")
         return status, int(raw[1])
 
-    async def release(self, lease: Lease) -> bool:
-        return int(await self._run("release", [lease.value, lease.session])) == 1
+    async def release(self, lease: Lease, now_ms: int) -> bool:
+        return int(await self._run("release", [lease.value, lease.session, now_ms])) == 1
 
     async def renew(self, leases: Sequence[tuple[Lease, str | None]], now_ms: int) -> list[int]:
         """(lease, running job id) pairs → 0 lost, 1 renewed, 2 renewed + cancel requested."""
@@ -220,17 +227,13 @@ class QueueScripts:
     async def notify_delayed(self, now_ms: int, limit: int) -> int:
         return int(await self._run("notify_delayed", [now_ms, limit]))
 
-    async def renotify(self, entries: Sequence[tuple[str, str]]) -> int:
-        """(entry id, session) of stale `ready` entries → sessions notified again."""
-        args: list[RedisArg] = []
-        for entry_id, session in entries:
-            args += [entry_id, session]
-        return int(await self._run("renotify", args))
-
-    async def notify_orphans(self, start: int, limit: int) -> tuple[int, int]:
+    async def notify_orphans(self, start: int, limit: int, now_ms: int) -> tuple[int, int]:
         """(sessions notified, members looked at) for `work` members [start, start+limit)."""
-        raw = await self._run("notify_orphans", [start, limit])
+        raw = await self._run("notify_orphans", [start, limit, now_ms])
         return int(raw[0]), int(raw[1])
+
+    async def forget_workers(self, now_ms: int) -> int:
+        return int(await self._run("forget_workers", [now_ms]))
 
     async def forget_session(self, environment: str, session_id: str) -> bool:
         session = f"{environment}/{session_id}"

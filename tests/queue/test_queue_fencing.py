@@ -10,16 +10,13 @@ from common.queue import JobKind, JobState, Lease, LeaseLost, NewJob, Queue
 
 
 async def take(queue: Queue, worker: str) -> tuple[Lease, str]:
-    [(entry_id, session)] = await queue.read_ready(worker, 10, 100)
-    acquired = await queue.acquire(entry_id, session, worker)
-    assert acquired.status == "ok" and acquired.lease is not None and acquired.job is not None
-    return acquired.lease, acquired.job.id
+    [handoff] = await queue.take_work(worker, 10)
+    return handoff.lease, handoff.job.id
 
 
 async def test_stale_owner_cannot_complete_fail_retry_release_or_write(
     queue: Queue, redis_client: aioredis.Redis
 ) -> None:
-    await queue.ensure_group()
     res = await queue.enqueue(NewJob("env", "s", JobKind.TOOL, {}, "p", secrets={"K": "v"}))
     await queue.enqueue(job("s", 1))
     old, jid = await take(queue, "old")
@@ -56,23 +53,23 @@ async def test_stale_owner_cannot_complete_fail_retry_release_or_write(
 
 
 async def test_update_session_refuses_queue_fields(queue: Queue) -> None:
-    await queue.ensure_group()
     await queue.enqueue(job("s", 0))
     lease, _ = await take(queue, "w")
     with pytest.raises(ValueError):
         await queue.update_session(lease, {"epoch": "99"})
 
 
-async def test_acquire_of_owned_or_empty_session_takes_nothing(
+async def test_taking_an_owned_or_empty_session_takes_nothing(
     queue: Queue, redis_client: aioredis.Redis
 ) -> None:
-    await queue.ensure_group()
     await queue.enqueue(job("s", 0))
     lease, jid = await take(queue, "a")
     # a duplicate notification for an owned session is consumed without effect
-    entry = (await redis_client.xadd("af:ready", {"s": "env/s"})).decode()
-    assert (await queue.acquire(entry, "env/s", "b")).status == "owned"
+    await redis_client.xadd("af:ready", {"s": "env/s"})
+    assert await queue.take_work("b", 10) == []
     assert await redis_client.xlen("af:ready") == 0
+    assert await redis_client.get("af:lease:{env/s}") == f"a:{lease.epoch}".encode()
     assert await queue.complete(lease, jid, JobState.SUCCEEDED, result={}, take_next=True) is None
-    entry = (await redis_client.xadd("af:ready", {"s": "env/s"})).decode()
-    assert (await queue.acquire(entry, "env/s", "b")).status == "empty"
+    await redis_client.xadd("af:ready", {"s": "env/s"})
+    assert await queue.take_work("b", 10) == []
+    assert not await redis_client.exists("af:lease:{env/s}")

@@ -22,6 +22,13 @@ def test_encode_command_is_resp_bulk_strings() -> None:
         b"*5\r\n$3\r\nSET\r\n$1\r\nk\r\n$3\r\nv\r\n\r\n$1\r\n3\r\n$3\r\n1.5\r\n")
 
 
+def test_encode_command_counts_bytes_not_characters() -> None:
+    # ASCII text and ints take the one-string path; non-ASCII text is sized in UTF-8 bytes
+    assert encode_command(("EVALSHA", "ab", 0, -7)) == (
+        b"*4\r\n$7\r\nEVALSHA\r\n$2\r\nab\r\n$1\r\n0\r\n$2\r\n-7\r\n")
+    assert encode_command(("SET", "k", "é")) == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\n\xc3\xa9\r\n"
+
+
 async def test_concurrent_commands_get_their_own_replies_in_order(redis_client: aioredis.Redis) -> None:
     link = RedisLink(redis_client)  # the fixture's URL carries the embedded server's password
     try:

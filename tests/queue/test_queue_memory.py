@@ -29,7 +29,7 @@ async def test_bytes_per_idle_session_and_per_queued_job(
     redis_client: aioredis.Redis, queue_config: Config
 ) -> None:
     queue = Queue(redis_client, queue_config)
-    await queue.ensure_group()
+    await queue.load_scripts()
     base = await used(redis_client)
 
     async def handler(ctx: JobContext) -> dict[str, Any]:

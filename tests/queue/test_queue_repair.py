@@ -13,11 +13,8 @@ from common.queue import JobState, Queue
 async def test_expired_lease_gets_new_epoch_and_notification(
     queue: Queue, redis_client: aioredis.Redis
 ) -> None:
-    await queue.ensure_group()
     await queue.enqueue(job("s", 0))
-    [(entry, session)] = await queue.read_ready("w", 10, 100)
-    acquired = await queue.acquire(entry, session, "w")
-    assert acquired.lease is not None
+    [acquired] = await queue.take_work("w", 10)
     assert await queue.repair_expired_leases() == 0  # still valid
     await redis_client.delete("af:lease:{env/s}")  # expiry
     await redis_client.zadd("af:active", {"env/s": 0})  # as if its expiry time has passed
@@ -28,11 +25,9 @@ async def test_expired_lease_gets_new_epoch_and_notification(
 
 
 async def test_due_delayed_session_is_notified(queue: Queue, redis_client: aioredis.Redis) -> None:
-    await queue.ensure_group()
     res = await queue.enqueue(job("s", 0))
-    [(entry, session)] = await queue.read_ready("w", 10, 100)
-    lease = (await queue.acquire(entry, session, "w")).lease
-    assert lease is not None
+    [taken] = await queue.take_work("w", 10)
+    lease = taken.lease
     assert await queue.retry_later(lease, res.job_id, "busy", 0, delay_s=0.05) == ("retry", 1)
     assert await redis_client.xlen("af:ready") == 0
     # an enqueue during the backoff does not bypass it
@@ -42,30 +37,11 @@ async def test_due_delayed_session_is_notified(queue: Queue, redis_client: aiore
     assert await queue.notify_due_delayed() == 1
     rec = await queue.get_job(res.job_id)
     assert rec is not None and rec.state == JobState.QUEUED and rec.attempts == 1
-    [(entry, session)] = await queue.read_ready("w", 10, 100)
-    again = await queue.acquire(entry, session, "w")
-    assert again.job is not None and again.job.id == res.job_id
-
-
-async def test_stale_ready_entry_of_dead_reader_is_replaced(
-    queue: Queue, redis_client: aioredis.Redis
-) -> None:
-    await queue.ensure_group()
-    await queue.enqueue(job("s", 0))
-    # a worker reads the entry and dies before acquiring
-    [(entry, _)] = await queue.read_ready("dead", 10, 100)
-    assert await queue.read_ready("alive", 10, 10) == []
-    assert await queue.claim_stale_ready(min_idle_ms=60_000) == 0
-    assert await queue.claim_stale_ready(min_idle_ms=0) == 1
-    [(fresh, session)] = await queue.read_ready("alive", 10, 100)
-    assert fresh != entry and session == "env/s"
-    assert (await queue.acquire(fresh, session, "alive")).status == "ok"
-    pending = await redis_client.xpending("af:ready", "workers")
-    assert pending["pending"] == 0
+    [again] = await queue.take_work("w", 10)
+    assert again.job.id == res.job_id
 
 
 async def test_orphaned_work_is_notified_once(queue: Queue, redis_client: aioredis.Redis) -> None:
-    await queue.ensure_group()
     await queue.enqueue(job("s", 0))
     await queue.enqueue(job("t", 0))
     # the notification of s vanished (e.g. trimmed); t's is fine
@@ -79,17 +55,4 @@ async def test_orphaned_work_is_notified_once(queue: Queue, redis_client: aiored
 
 async def test_repair_runs_all_passes(queue: Queue) -> None:
     counts = await queue.repair()
-    assert counts == {"expired_leases": 0, "due_delayed": 0, "stale_ready": 0, "orphaned_work": 0,
-                      "idle_consumers": 0}
-
-
-async def test_idle_consumers_without_pending_entries_are_pruned(queue: Queue) -> None:
-    await queue.ensure_group()
-    await queue.enqueue(job("s", 0))
-    await queue.enqueue(job("t", 0))
-    assert await queue.read_ready("holder", 1, 100)  # keeps a pending entry
-    [(entry, session)] = await queue.read_ready("gone", 1, 100)
-    assert (await queue.acquire(entry, session, "gone")).status == "ok"  # acknowledged
-    assert await queue.prune_idle_consumers(idle_ms=0) == 1
-    names = {c["name"] for c in await queue.redis.xinfo_consumers("af:ready", "workers")}
-    assert names == {b"holder"}
+    assert counts == {"expired_leases": 0, "due_delayed": 0, "dead_workers": 0, "orphaned_work": 0}

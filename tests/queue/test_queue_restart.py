@@ -48,7 +48,7 @@ async def test_acknowledged_jobs_survive_redis_kill_and_workers_reconnect(
     server: EmbeddedRedis = start_embedded_redis(tmp_path / "redis")
     client = aioredis.Redis.from_url(server.url, socket_timeout=5, socket_connect_timeout=1)
     queue = Queue(client, queue_config)
-    await queue.ensure_group()
+    await queue.load_scripts()
     fleet = WorkerFleet(server.url, concurrency=8, lease_ttl_s=1.0, max_job_ms=2.0)
     acked: dict[str, list[str]] = {f"s{n}": [] for n in range(SESSIONS)}
     stop_enqueue, stop_repairs = asyncio.Event(), asyncio.Event()

@@ -17,10 +17,8 @@ from common.queue.scripts import DONE_INLINE_MAX
 
 async def finish(queue: Queue, session: str = "env/s", result: dict[str, Any] | None = None) -> None:
     """Run the head job of `session` to success through the worker-side primitives."""
-    await queue.ensure_group()
-    [(entry, sess)] = await queue.read_ready("w", 1, 1000)
-    acquired = await queue.acquire(entry, sess, "w")
-    assert acquired.lease is not None and acquired.job is not None
+    [acquired] = await queue.take_work("w", 1)
+    assert acquired.lease.session == session
     await queue.complete(acquired.lease, acquired.job.id, JobState.SUCCEEDED,
                          result={"ok": 1} if result is None else result)
 

@@ -75,14 +75,10 @@ async def set_session(queue: Queue, sid: str, env: str = ENV, **fields: str) -> 
     """Give a session these worker-maintained fields: a job runs under its lease (so the session
     exists as the queue makes it), then the fields are written as they would stand afterwards
     (finishing a job stamps `last_activity` itself, which a test may need to back-date)."""
-    await queue.ensure_group()
     await queue.enqueue(NewJob(env, sid, JobKind.TOOL, {"test": True}, "tester"))
     session = f"{env}/{sid}"
     for _ in range(100):
-        for entry_id, s in await queue.read_ready("test-setter", 100, 10):
-            acquired = await queue.acquire(entry_id, s, "test-setter")
-            if acquired.lease is None or acquired.job is None:
-                continue
+        for acquired in await queue.take_work("test-setter", 100):
             await queue.complete(acquired.lease, acquired.job.id, JobState.SUCCEEDED, result={})
         if await queue.queue_depth(env, sid) == 0:
             await queue.redis.hset(queue.keys.session(session), mapping=fields)  # type: ignore[misc]

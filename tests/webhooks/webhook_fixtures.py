@@ -106,11 +106,9 @@ class Fleet:
         return (await self.queue.enqueue(job)).job_id
 
     async def finish(self, job_id: str, result: dict[str, Any] | None = None) -> None:
-        """Take the job through the worker path (ready → acquire → complete) to `succeeded`."""
-        await self.queue.ensure_group()
-        for entry_id, session in await self.queue.read_ready("test-worker", 10, 1000):
-            acquired = await self.queue.acquire(entry_id, session, "test-worker")
-            assert acquired.lease is not None and acquired.job is not None and acquired.job.id == job_id
+        """Take the job through the worker path (take_work → complete) to `succeeded`."""
+        for acquired in await self.queue.take_work("test-worker", 10):
+            assert acquired.job.id == job_id
             await self.queue.complete(acquired.lease, job_id, JobState.SUCCEEDED,
                                       result=result or {"exit_code": 0, "stdout": "hi\n"})
 

@@ -2,8 +2,8 @@
 -- generated prelude. Not a script by itself.
 --
 -- From the prelude (common/queue/keys.py `Keys.lua_prelude`): K_READY, K_EVENTS, K_CALLBACKS, K_DLQ, K_DELAYED,
--- K_ACTIVE, K_WORK, CH_DONE, CH_CANCEL, GROUP and the builders job_key, out_key, sec_key,
--- fifo_key, sess_key, lease_key, idem_key, index_key.
+-- K_ACTIVE, K_WORK, K_IDLE, K_IDLE_UNTIL, CH_DONE, CH_CANCEL and the builders job_key, out_key,
+-- sec_key, fifo_key, sess_key, lease_key, idem_key, index_key, inbox_key.
 -- From the config (common/queue/scripts.py): EVENTS_MAXLEN, DLQ_MAXLEN, TTL_MS (terminal jobs),
 -- END_TTL_MS (end-marker-only output streams), OUT_MAXLEN, LEASE_TTL_MS, IDEM_TTL_MS,
 -- DONE_INLINE_MAX (largest answer carried inline on the done channel).
@@ -24,23 +24,6 @@ local function emit(jid, session, state, now, has_cb)
     redis.call('XADD', K_EVENTS, 'MAXLEN', '~', EVENTS_MAXLEN, '*',
       'job', jid, 'session', session, 'state', state, 'ts_ms', now)
   end
-end
-
--- Add a `ready` entry for the session unless one is outstanding (`nid`) or it is backing off.
-local function notify(session)
-  local sk = sess_key(session)
-  if redis.call('HEXISTS', sk, 'nid') == 1 then return 0 end
-  if redis.call('ZSCORE', K_DELAYED, session) then return 0 end
-  local id = redis.call('XADD', K_READY, '*', 's', session)
-  redis.call('HSET', sk, 'nid', id)
-  return 1
-end
-
--- Drop the lease; re-notify when work remains so another turn (any worker) picks it up.
-local function release(session)
-  redis.call('DEL', lease_key(session))
-  redis.call('ZREM', K_ACTIVE, session)
-  if redis.call('LLEN', fifo_key(session)) > 0 then notify(session) end
 end
 
 -- Whether `value` is the session's lease value (the fencing check of every worker write).
@@ -72,6 +55,89 @@ local function take_head(session, epoch, now)
     end
     redis.call('LPOP', fifo)
   end
+end
+
+-- Take the session's lease for `worker` (a new epoch) and its head job, now running. Returns the
+-- handoff (session, epoch, jid, field, value, ...) or false when the FIFO held nothing to run.
+-- The caller has checked that nobody owns the session and that it is not backing off.
+local function take_session(session, worker, now)
+  local epoch = redis.call('HINCRBY', sess_key(session), 'epoch', 1)
+  local lk = lease_key(session)
+  redis.call('SET', lk, worker .. ':' .. epoch, 'PX', LEASE_TTL_MS)
+  redis.call('ZADD', K_ACTIVE, now + LEASE_TTL_MS, session)
+  local head = take_head(session, epoch, now)
+  if not head then
+    redis.call('DEL', lk)
+    redis.call('ZREM', K_ACTIVE, session)
+    return false
+  end
+  table.insert(head, 1, epoch)
+  table.insert(head, 1, session)
+  return head
+end
+
+-- A worker that stopped renewing its announcement (dead, or stalled past it) is handed nothing
+-- more. What its inbox holds is left to it (a stalled worker still takes it), to its next start
+-- or the reconciler (`hand_back`), or to lease expiry.
+local function forget_worker(worker)
+  redis.call('ZREM', K_IDLE, worker)
+  redis.call('HDEL', K_IDLE_UNTIL, worker)
+end
+
+-- The live worker with the most free slots announced, or false.
+local function idle_worker(now)
+  while true do
+    local top = redis.call('ZREVRANGE', K_IDLE, 0, 0)
+    local worker = top[1]
+    if not worker then return false end
+    if tonumber(redis.call('HGET', K_IDLE_UNTIL, worker) or 0) >= tonumber(now) then return worker end
+    forget_worker(worker)
+  end
+end
+
+-- A session has work and no owner: hand it to an idle worker (its lease taken for that worker,
+-- the head job pushed to the worker's inbox, which the worker is blocked on), or, when no worker
+-- has a free slot, add a `ready` entry, unless one is outstanding (`nid`) or it is backing off.
+local function notify(session, now)
+  local sk = sess_key(session)
+  if redis.call('HEXISTS', sk, 'nid') == 1 then return 0 end
+  if redis.call('ZSCORE', K_DELAYED, session) then return 0 end
+  local worker = idle_worker(now)
+  if worker then
+    local handoff = take_session(session, worker, now)
+    if not handoff then return 0 end
+    if tonumber(redis.call('ZINCRBY', K_IDLE, -1, worker)) <= 0 then redis.call('ZREM', K_IDLE, worker) end
+    redis.call('RPUSH', inbox_key(worker), cjson.encode(handoff))
+    return 1
+  end
+  local id = redis.call('XADD', K_READY, '*', 's', session)
+  redis.call('HSET', sk, 'nid', id)
+  return 1
+end
+
+-- Drop the lease; re-notify when work remains so another turn (any worker) picks it up.
+local function release(session, now)
+  redis.call('DEL', lease_key(session))
+  redis.call('ZREM', K_ACTIVE, session)
+  if redis.call('LLEN', fifo_key(session)) > 0 then notify(session, now) end
+end
+
+-- Release the sessions handed to `worker` that it has not taken from its inbox (their leases
+-- still its own) and empty the inbox. Returns how many were released.
+local function hand_back(worker, now)
+  local inbox = inbox_key(worker)
+  local n = 0
+  for _, raw in ipairs(redis.call('LRANGE', inbox, 0, -1)) do
+    if raw ~= '' then
+      local handoff = cjson.decode(raw)
+      if owns(handoff[1], worker .. ':' .. handoff[2]) then
+        release(handoff[1], now)
+        n = n + 1
+      end
+    end
+  end
+  redis.call('DEL', inbox)
+  return n
 end
 
 -- Terminal transition: out of the FIFO, record state + result/error, TTLs, end marker, secrets

@@ -6,7 +6,7 @@
 -- ARGV[7] its JSON   ARGV[8] now_ms   ARGV[9] '1' take next | '0' release
 -- Returns {'next', jid, field, value, ...} | {'released'} | {'lost'} (nothing written)
 -- Touches: lease:{s}, job:{jid}, out:{jid}, sec:{jid}, sq:{s}, events, CH_DONE, work;
--- then job:{next} (running) or active, sess:{s} (nid), ready.
+-- then job:{next} (running), or the session released (and handed on: see notify in _lib.lua).
 
 local session, now = ARGV[2], ARGV[8]
 if not owns(session, ARGV[1]) then return {'lost'} end
@@ -20,5 +20,5 @@ if ARGV[9] == '1' then
     return head
   end
 end
-release(session)
+release(session, now)
 return {'released'}

@@ -9,7 +9,8 @@
 -- Returns {'ok', jid1, created1, jid2, created2, ...}  (created = 1 new, 0 idempotent replay)
 --      or {'conflict', i, existing_jid}  (nothing written)
 -- Touches: job:{jid}, sec:{jid}, sq:{sess}, sess:{sess}, idem:{principal}:{key}, sessions:{env},
--- work, events, and ready (a session with no lease, no outstanding notification, no backoff).
+-- work, events; a session with no lease, no outstanding notification and no backoff is handed
+-- to an idle worker (lease, inbox) or added to `ready` (see notify in _lib.lua).
 
 local n = tonumber(ARGV[2])
 local now = ARGV[1]
@@ -62,7 +63,7 @@ for i = 1, n do
     end
     redis.call('ZADD', K_WORK, 'NX', now, session)
     emit(jid, session, 'queued', now, ARGV[b + 8] ~= '')
-    if redis.call('EXISTS', lease_key(session)) == 0 then notify(session) end
+    if redis.call('EXISTS', lease_key(session)) == 0 then notify(session, now) end
     table.insert(out, jid); table.insert(out, 1)
   end
 end

@@ -4,7 +4,7 @@
 -- ARGV[1] now_ms   ARGV[2] max sessions to look at
 -- Returns the number of sessions repaired.
 -- Touches: active; per session found: lease:{s} (read), sess:{s} (epoch, nid), sq:{s} (read),
--- delayed (read), ready.
+-- delayed (read), ready or an idle worker (see notify).
 
 local now = tonumber(ARGV[1])
 local due = redis.call('ZRANGEBYSCORE', K_ACTIVE, '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
@@ -14,7 +14,7 @@ for _, session in ipairs(due) do
   if pttl < 0 then
     redis.call('ZREM', K_ACTIVE, session)
     redis.call('HINCRBY', sess_key(session), 'epoch', 1)
-    if redis.call('LLEN', fifo_key(session)) > 0 then notify(session) end
+    if redis.call('LLEN', fifo_key(session)) > 0 then notify(session, now) end
     repaired = repaired + 1
   else
     -- Renewed by a clock running behind ours: index it at its real expiry.

@@ -6,7 +6,7 @@
 -- ARGV[1] lease value   ARGV[2] session   ARGV[3] jid   ARGV[4] reason   ARGV[5] now_ms
 -- ARGV[6] delay ms   ARGV[7] max attempts   ARGV[8] problem JSON
 -- Returns {'retry', attempts} | {'dead', attempts} | {'lost'} (nothing written)
--- Touches: lease:{s}, job:{jid}, events, delayed, active, sq:{s}, sess:{s} (nid), ready;
+-- Touches: lease:{s}, job:{jid}, events, delayed, active, sq:{s}, sess:{s} (nid), ready or an idle worker (see notify);
 -- when dead also out:{jid}, sec:{jid}, CH_DONE, work, dlq.
 
 local session, jid, now = ARGV[2], ARGV[3], ARGV[5]
@@ -20,11 +20,11 @@ if attempts >= tonumber(ARGV[7]) then
   finish(jid, session, 'failed', 'err', cjson.encode(problem), now)
   redis.call('XADD', K_DLQ, 'MAXLEN', '~', DLQ_MAXLEN, '*', 'job', jid, 'session', session,
     'reason', ARGV[4], 'attempts', attempts, 'ts_ms', now)
-  release(session)
+  release(session, now)
   return {'dead', attempts}
 end
 redis.call('HSET', jk, 'st', 'queued')
 emit(jid, session, 'queued', now, redis.call('HGET', jk, 'cb'))
 redis.call('ZADD', K_DELAYED, tonumber(now) + tonumber(ARGV[6]), session)
-release(session)
+release(session, now)
 return {'retry', attempts}
