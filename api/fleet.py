@@ -16,6 +16,7 @@ from typing import Annotated
 import redis.asyncio as aioredis
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.datastructures import Headers
 
 from api.auth import Authenticator, Principal
 from api.problems import JobExpired, NotFound
@@ -66,7 +67,7 @@ async def get_fleet(request: Request) -> Fleet:
 async def fleet_and_caller(request: Request) -> tuple[Fleet, Principal]:
     """The fleet and the authenticated, rate-limited caller (what `get_principal` gives)."""
     fleet: Fleet = request.app.state.fleet
-    return fleet, await _authenticated(fleet, request)
+    return fleet, await caller(fleet, request.headers)
 
 
 FleetDep = Annotated[Fleet, Depends(get_fleet)]
@@ -84,7 +85,7 @@ async def get_principal(
 
     Authentication runs first, so unauthenticated floods are answered 401 without touching any bucket.
     """
-    return await _authenticated(fleet, request)
+    return await caller(fleet, request.headers)
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
@@ -93,7 +94,9 @@ PrincipalDep = Annotated[Principal, Depends(get_principal)]
 BEARER_DOC = {"security": [{"HTTPBearer": []}]}
 
 
-async def _authenticated(fleet: Fleet, request: Request) -> Principal:
-    principal = fleet.auth.authenticate(request.headers.get("authorization"))
+async def caller(fleet: Fleet, headers: Headers) -> Principal:
+    """The caller of a request with these headers, authenticated, after taking one token of its
+    rate-limit bucket (what `get_principal` gives, for the routes outside FastAPI's solving)."""
+    principal = fleet.auth.authenticate(headers.get("authorization"))
     await fleet.limiter.check(principal.id)
     return principal

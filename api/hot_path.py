@@ -4,9 +4,10 @@
 thousands a second. Through FastAPI it cost ~0.27 ms of CPU in-process, ~0.1 ms of it FastAPI's
 own (router matching over every route, its middleware stack, request/response wrapping and
 parameter solving). `HotPath` matches that one route itself and calls its function
-(`api.routes_sessions.execute`) directly, answering errors with the same problem+json mapping
-(`api.problems.as_problem`); every other request goes on to the FastAPI app. FastAPI still
-declares the route from the same function, which is what the OpenAPI document shows.
+(`api.routes_sessions.tool_call`) directly, with the request's headers and body read straight from
+the ASGI scope and `receive` (no starlette Request), answering errors with the same problem+json
+mapping (`api.problems.as_problem`); every other request goes on to the FastAPI app. FastAPI still
+declares the route (`execute`, calling the same function), which is what the OpenAPI document shows.
 
 What FastAPI would have checked here: the method and path (by this module's pattern), and the
 session id's pattern (`SESSION_ID_PATTERN`, the same constant the declaration uses). The body
@@ -19,11 +20,12 @@ import logging
 import re
 
 from fastapi import FastAPI
-from starlette.requests import Request
+from starlette.datastructures import Headers
+from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from api.problems import ApiProblem, InternalError, Unprocessable, as_problem, problem_response
-from api.routes_sessions import SESSION_ID_PATTERN, execute
+from api.routes_sessions import SESSION_ID_PATTERN, tool_call
 
 log = logging.getLogger("atefleet.api")
 
@@ -47,15 +49,28 @@ class HotPath:
         await self.app(scope, receive, send)
 
     async def _tool_call(self, scope: Scope, receive: Receive, send: Send, env: str, sid: str) -> None:
-        scope["app"] = self.app  # what FastAPI would set: routes reach the fleet through it
         try:
             if _SESSION_ID.match(sid) is None:
                 raise Unprocessable("the request does not validate", errors=[{
                     "field": "path.sid", "message": f"String should match pattern '{SESSION_ID_PATTERN}'"}])
-            response = await execute(Request(scope, receive), env, sid)
+            response = await tool_call(self.app.state.fleet, Headers(scope=scope), lambda: read_body(receive),
+                                       env, sid)
         except Exception as exc:
             problem = as_problem(exc)
             if isinstance(problem, InternalError) and not isinstance(exc, ApiProblem):
                 log.exception("unexpected error on POST %s", scope["path"])
             response = problem_response(problem, scope["path"])
         await response(scope, receive, send)
+
+
+async def read_body(receive: Receive) -> bytes:
+    """The whole request body, read as starlette's `Request.body` reads it."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.request":
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+        elif message["type"] == "http.disconnect":
+            raise ClientDisconnect()

@@ -7,15 +7,17 @@ Seed 000 compatibility is exact on its three routes: same paths, same bodies, sa
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
+from starlette.datastructures import Headers
 
-from api.fleet import BEARER_DOC, FleetDep, PrincipalDep, fleet_and_caller
+from api.fleet import BEARER_DOC, Fleet, FleetDep, PrincipalDep, caller, fleet_and_caller
 from api.problems import InvalidToolCall, NotFound
 from api.session_view import session_view
-from api.submit import submit, tool_job, wants_async
+from api.submit import JsonResponse, submit, tool_job, wants_async
 from api.tool_calls import decode_json_body, fingerprint, parse_callback, parse_tool_call
 from common.queue import JobKind, NewJob
 from common.tool_calls import render_tool_not_allowed
@@ -40,9 +42,9 @@ async def _lifecycle(request: Request, env: str, sid: str, kind: JobKind, **payl
     url, secret_id = parse_callback(body, fleet.config.webhooks.secrets.keys())
     job = NewJob(environment=env, session_id=sid, kind=kind, payload=payload, principal=principal.id,
                  callback_url=url, callback_secret_id=secret_id)
-    return await submit(fleet, request, job,
+    return await submit(fleet, request.headers, job,
                         lambda: f"{job.session}:{kind}:{sorted(payload.items())}:{url}:{secret_id}",
-                        sync=not wants_async(request, body.get("async") is True))
+                        sync=not wants_async(request.headers, body.get("async") is True))
 
 
 @router.post("/{sid}/resume", summary="Create (if needed) and resume the session's actor",
@@ -68,17 +70,24 @@ async def destroy(request: Request, env: str, sid: Sid, keep_snapshot: bool = Fa
                  "schema": {"type": "object", "description": "seed function_call, Anthropic tool_use "
                             "or Chat Completions tool_calls item"}}}}})
 async def execute(request: Request, env: str, sid: Sid) -> Response:
-    fleet, principal = await fleet_and_caller(request)
+    # Served by api.hot_path, which calls `tool_call` itself; declared here for the OpenAPI document.
+    return await tool_call(request.app.state.fleet, request.headers, request.body, env, sid)
+
+
+async def tool_call(fleet: Fleet, headers: Headers, body: Callable[[], Awaitable[bytes]], env: str,
+                    sid: str) -> Response:
+    """The answer to one tool call; `body()` reads the request body (after authentication)."""
+    principal = await caller(fleet, headers)
     environment = fleet.environment(env)
     principal.check(env, sid)
     # Like the seed's decoder: JSON whatever the Content-Type (`curl -d` sends a form type).
-    call = parse_tool_call(decode_json_body(await request.body()),
+    call = parse_tool_call(decode_json_body(await body()),
                            webhook_secret_ids=fleet.config.webhooks.secrets.keys())
     if call.name not in environment.allowed_tools:
-        return JSONResponse(render_tool_not_allowed(call, env))
+        return JsonResponse(render_tool_not_allowed(call, env))
     job = tool_job(fleet, principal.id, env, sid, call)
-    return await submit(fleet, request, job, lambda: fingerprint(call, job.session),
-                        sync=not wants_async(request, call.is_async))
+    return await submit(fleet, headers, job, lambda: fingerprint(call, job.session),
+                        sync=not wants_async(headers, call.is_async))
 
 
 @router.get("/{sid}", summary="The session's state, actor, activity, queue and processes")
