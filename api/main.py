@@ -16,6 +16,7 @@ import socket
 import uvicorn
 
 from api.app import create_app
+from api.http_protocol import HttpProtocol
 from common.config import Config
 from common.event_loop import UVICORN_LOOP
 
@@ -32,7 +33,7 @@ def run_api(config: Config) -> None:
     server = uvicorn.Server(uvicorn.Config(
         create_app(config),
         loop=UVICORN_LOOP,
-        http="httptools",
+        http=HttpProtocol,
         log_config=None,
         access_log=False,
         # Nothing reads the client address (rate limits are per principal, no access log), so

@@ -1,0 +1,88 @@
+"""The API's uvicorn protocol sends a response's head and body in one write, and nothing is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import uvicorn
+
+from api.http_protocol import CoalescedWrites, HttpProtocol
+
+
+class RecordingTransport:
+    """What CoalescedWrites sees of a transport: writes, close, and any other attribute."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_extra_info(self, name: str) -> Any:
+        return f"info:{name}"
+
+
+async def test_writes_of_one_iteration_go_out_together() -> None:
+    # given two writes in the same loop iteration
+    transport = RecordingTransport()
+    writes = CoalescedWrites(transport, asyncio.get_running_loop())  # type: ignore[arg-type]
+    writes.write(b"head")
+    writes.write(b"body")
+    assert transport.writes == []
+    # then they are one write at the end of the iteration; other calls reach the transport
+    await asyncio.sleep(0)
+    assert transport.writes == [b"headbody"]
+    assert writes.get_extra_info("peername") == "info:peername"
+
+
+async def test_close_sends_what_was_written_first_and_nothing_after() -> None:
+    transport = RecordingTransport()
+    writes = CoalescedWrites(transport, asyncio.get_running_loop())  # type: ignore[arg-type]
+    writes.write(b"last answer")
+    writes.close()
+    assert transport.writes == [b"last answer"] and transport.closed
+    writes.write(b"too late")
+    await asyncio.sleep(0)
+    assert transport.writes == [b"last answer"]
+
+
+async def test_a_server_on_the_protocol_answers_keep_alive_requests_whole() -> None:
+    # given uvicorn serving a small ASGI app with HttpProtocol
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await receive()
+        body = scope["path"].encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"%d" % len(body))]})
+        await send({"type": "http.response.body", "body": body})
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, http=HttpProtocol, lifespan="off", log_config=None))
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            await asyncio.sleep(0.01)
+        reader, writer = await asyncio.open_connection(*sock.getsockname())
+        # when two requests are sent on one connection
+        for path in ("/one", "/two"):
+            writer.write(f"GET {path} HTTP/1.1\r\nhost: t\r\n\r\n".encode())
+            head = await reader.readuntil(b"\r\n\r\n")
+            # then each answer is whole: status line, headers and body
+            assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+            assert await reader.readexactly(len(path)) == path.encode()
+        writer.close()
+        await writer.wait_closed()
+    finally:
+        server.should_exit = True
+        await serving
