@@ -156,7 +156,11 @@ class Consumer:
         while not self._stop.is_set():
             free = self.concurrency - len(self._turn_tasks)
             now = time.monotonic()
-            if free > announced or (announced > 0 and now >= renew_at):
+            # Freed slots are announced once half the free ones are unannounced, not one by one:
+            # while some are announced, sessions are handed here or to other workers anyway
+            # (`ready` fills only when no worker has a slot announced), and a top-up is a round
+            # trip. Without this, every handoff was followed by one.
+            if (free > 0 and 2 * announced <= free) or (announced > 0 and now >= renew_at):
                 try:
                     taken = await self._retrying(
                         lambda n=free - announced, f=free: self.queue.take_work(  # type: ignore[misc]
