@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -60,7 +59,7 @@ class Principal:
         """Whether this principal may act on the environment (and the session, when given)."""
         if not _matches_any(self.environments, environment):
             return False
-        if session_id is None:
+        if session_id is None or "*" in self.sessions:
             return True
         return any(
             _matches(p, f"{environment}/{session_id}" if "/" in p else session_id) for p in self.sessions
@@ -93,8 +92,10 @@ def _matches(pattern: str, value: str) -> bool:
     return pattern == value
 
 
-def _matches_any(patterns: Iterable[str], value: str) -> bool:
-    return any(_matches(p, value) for p in patterns)
+def _matches_any(patterns: frozenset[str], value: str) -> bool:
+    # "*" first: one set lookup answers every call of an unrestricted principal (all of them,
+    # without auth configured).
+    return "*" in patterns or any(_matches(p, value) for p in patterns)
 
 
 def auth_required(config: Config) -> bool:

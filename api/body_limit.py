@@ -1,8 +1,10 @@
 """Request body size limit (`api.body_max_bytes`) as ASGI middleware answering 413 problem+json.
 
 Two checks, because a client may not declare its size: a `Content-Length` over the limit is
-refused before any byte of the body is read; otherwise the bytes actually received are counted
-and the request is cut off as soon as they pass the limit (chunked uploads, lying headers).
+refused before any byte of the body is read, and one within it is trusted, because the server
+frames the body by it (bytes past it would be the next request; uvicorn refuses a request with
+two lengths, or with a length and `Transfer-Encoding`). A body without a declared length (a
+chunked upload) is counted as it arrives, and the request cut off as soon as it passes the limit.
 
 When the stream is cut off, the app sees an exception from `receive()`. FastAPI turns errors
 while reading a body into its own 400, so this middleware does not rely on the app's answer: it
@@ -32,6 +34,12 @@ class BodyLimitMiddleware:
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
             await self.refuse(scope, receive, send)
+            return
+        if declared is not None:
+            # The server frames the body by its Content-Length (HTTP/1.1: any bytes past it are
+            # the next request; with Transfer-Encoding too, the request is refused): no more can
+            # arrive, so nothing needs counting.
+            await self.app(scope, receive, send)
             return
         await _LimitedRequest(self, scope, receive, send).run()
 

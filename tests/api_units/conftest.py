@@ -3,17 +3,22 @@
 # No `from __future__ import annotations`: FastAPI must see the local `Caller` alias evaluated.
 
 
-from collections.abc import AsyncIterator, Callable
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import SimpleNamespace
 from typing import Annotated, Any
 
 import httpx
 import pytest
+import uvicorn
 from fastapi import Body, FastAPI, Request
+from starlette.types import ASGIApp
 
 from api.auth import Authenticator
 from api.body_limit import BodyLimitMiddleware
 from api.fleet import PrincipalDep as Caller
+from api.http_protocol import HttpProtocol
 from api.problems import install_problem_handlers
 from api.rate_limit import RateLimiter
 from api.tool_calls import decode_json_body, parse_tool_call
@@ -80,3 +85,28 @@ def make_client(asgi_client: AsgiClientFactory) -> ClientFactory:
         return asgi_client(build_app(parse_config(config or {}), limiter=limiter))
 
     return make
+
+
+Serve = Callable[[ASGIApp], Awaitable[tuple[str, int]]]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Serve]:
+    """`await serve(app)` → (host, port) of uvicorn serving `app` over the API's HTTP protocol on
+    loopback, in this event loop; stopped after the test."""
+    servers: list[tuple[uvicorn.Server, asyncio.Task[None]]] = []
+
+    async def start(app: ASGIApp) -> tuple[str, int]:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        server = uvicorn.Server(uvicorn.Config(app, http=HttpProtocol, lifespan="off", log_config=None))
+        servers.append((server, asyncio.create_task(server.serve(sockets=[sock]))))
+        while not server.started:
+            await asyncio.sleep(0.01)
+        host, port = sock.getsockname()
+        return host, port
+
+    yield start
+    for server, task in servers:
+        server.should_exit = True
+        await task

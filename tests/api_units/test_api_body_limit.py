@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
+from starlette.types import Message, Receive, Scope, Send
 
 from api.body_limit import BodyLimitMiddleware
 from api.problems import install_problem_handlers
@@ -77,3 +79,28 @@ async def test_app_reading_the_stream_itself_is_cut_off(asgi_client: Any) -> Non
     # then it never sees more than the limit plus one chunk, and the client gets the 413
     assert response.status_code == 413
     assert sum(seen) <= LIMIT
+
+
+async def test_a_declared_length_bounds_what_the_server_delivers(serve: Any) -> None:
+    # given the middleware served by uvicorn, in front of an app that counts what it receives
+    seen: list[int] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        message: Message = {"more_body": True}
+        while message.get("more_body"):
+            message = await receive()
+            seen.append(len(message.get("body", b"")))
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    address = await serve(BodyLimitMiddleware(app, max_bytes=LIMIT))
+    # when a request declares a small length but also a chunked body far over the limit
+    reader, writer = await asyncio.open_connection(*address)
+    chunk = b"x" * (LIMIT * 2)
+    writer.write(b"POST / HTTP/1.1\r\nhost: t\r\ncontent-length: 10\r\ntransfer-encoding: chunked\r\n\r\n"
+                 + b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunk), chunk))
+    # then the server refuses it, and the app never sees a byte past the declared length
+    assert (await reader.readuntil(b"\r\n")).startswith(b"HTTP/1.1 400")
+    writer.close()
+    await writer.wait_closed()
+    assert sum(seen) <= 10

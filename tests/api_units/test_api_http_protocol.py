@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from typing import Any
 
-import uvicorn
-
-from api.http_protocol import CoalescedWrites, HttpProtocol
+from api.http_protocol import CoalescedWrites
 
 
 class RecordingTransport:
@@ -55,34 +52,22 @@ async def test_close_sends_what_was_written_first_and_nothing_after() -> None:
     assert transport.writes == [b"last answer"]
 
 
-async def test_a_server_on_the_protocol_answers_keep_alive_requests_whole() -> None:
+async def test_a_server_on_the_protocol_answers_keep_alive_requests_whole(serve: Any) -> None:
     # given uvicorn serving a small ASGI app with HttpProtocol
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return
         await receive()
         body = scope["path"].encode()
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-length", b"%d" % len(body))]})
         await send({"type": "http.response.body", "body": body})
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, http=HttpProtocol, lifespan="off", log_config=None))
-    serving = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        while not server.started:
-            await asyncio.sleep(0.01)
-        reader, writer = await asyncio.open_connection(*sock.getsockname())
-        # when two requests are sent on one connection
-        for path in ("/one", "/two"):
-            writer.write(f"GET {path} HTTP/1.1\r\nhost: t\r\n\r\n".encode())
-            head = await reader.readuntil(b"\r\n\r\n")
-            # then each answer is whole: status line, headers and body
-            assert head.startswith(b"HTTP/1.1 200 OK\r\n")
-            assert await reader.readexactly(len(path)) == path.encode()
-        writer.close()
-        await writer.wait_closed()
-    finally:
-        server.should_exit = True
-        await serving
+    reader, writer = await asyncio.open_connection(*await serve(app))
+    # when two requests are sent on one connection
+    for path in ("/one", "/two"):
+        writer.write(f"GET {path} HTTP/1.1\r\nhost: t\r\n\r\n".encode())
+        head = await reader.readuntil(b"\r\n\r\n")
+        # then each answer is whole: status line, headers and body
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert await reader.readexactly(len(path)) == path.encode()
+    writer.close()
+    await writer.wait_closed()
