@@ -32,6 +32,9 @@ _ENQUEUED = Children(JOBS_ENQUEUED)  # one labelled child per job kind, looked u
 #: `json.dumps` with arguments builds a new encoder on every call.
 _JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
+#: The header of every answer to an async submit (RFC 7240).
+_PREFERENCE_APPLIED = (b"preference-applied", b"respond-async")
+
 
 class JsonResponse(Response):
     """starlette's JSONResponse, same bytes and headers, at a third of its CPU (the answer of every
@@ -106,9 +109,6 @@ async def _enqueue(fleet: Fleet, key: str | None, job: NewJob, fingerprint: Call
             "job": result.job_id, "session": job.session, "principal": job.principal,
             "kind": str(job.kind), "replayed": not result.created}})
     return result
-
-
-_PREFERENCE_APPLIED = (b"preference-applied", b"respond-async")
 
 
 def accepted(job: JobRecord) -> Response:
