@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 import redis.asyncio as aioredis
 from fastapi import Depends, Request, Security
@@ -91,7 +91,7 @@ async def get_principal(
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
 
 #: `openapi_extra` of the routes that authenticate through `fleet_and_caller`.
-BEARER_DOC = {"security": [{"HTTPBearer": []}]}
+BEARER_DOC: dict[str, Any] = {"security": [{"HTTPBearer": []}]}
 
 
 async def caller(fleet: Fleet, headers: Headers) -> Principal:
