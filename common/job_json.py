@@ -10,6 +10,8 @@ attempt: `time`, `status`, `error`, `duration_ms`, `next_attempt_at`). Internal 
 
 from __future__ import annotations
 
+import functools
+import math
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,11 +19,29 @@ from common.queue import JobRecord
 
 
 def rfc3339(unix_s: float | None) -> str | None:
-    """`2026-11-29T20:42:17.123Z` for a unix time in seconds; None stays None."""
+    """`2026-11-29T20:42:17.123Z` for a unix time in seconds; None stays None.
+
+    What `datetime.fromtimestamp(unix_s, UTC).isoformat(timespec="milliseconds")` gives (with Z),
+    the time rounded to microseconds as datetime rounds it (half to even, on the fraction), in
+    less than half its CPU: the date and time of day are built once per second (every job's
+    answer carries one to three of these)."""
     if unix_s is None:
         return None
-    moment = datetime.fromtimestamp(unix_s, UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    fraction, whole = math.modf(unix_s)
+    micros = round(fraction * 1e6)
+    if micros >= 1_000_000:
+        micros -= 1_000_000
+        whole += 1
+    elif micros < 0:
+        micros += 1_000_000
+        whole -= 1
+    return f"{_second(int(whole))}.{micros // 1000:03d}Z"
+
+
+@functools.lru_cache(maxsize=256)
+def _second(unix_s: int) -> str:
+    """`2026-11-29T20:42:17`: the whole second."""
+    return datetime.fromtimestamp(unix_s, UTC).isoformat(timespec="seconds").removesuffix("+00:00")
 
 
 def job_to_json(job: JobRecord) -> dict[str, Any]:
