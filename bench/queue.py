@@ -121,9 +121,9 @@ async def ours_throughput(redis: aioredis.Redis, url: str, workers: int) -> floa
 
 
 async def _consumers_ready(redis: aioredis.Redis, n: int) -> bool:
-    """n worker processes are blocked reading `ready` (Redis 6.2 registers consumers lazily)."""
+    """n worker processes are blocked reading their inbox, with their free slots announced."""
     clients = await redis.client_list()
-    return sum(1 for c in clients if c.get("cmd") == "xreadgroup") >= n
+    return sum(1 for c in clients if c.get("cmd") == "blpop") >= n
 
 
 async def _zero(value: Any) -> bool:
