@@ -10,13 +10,13 @@ shows their security.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 import redis.asyncio as aioredis
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from starlette.datastructures import Headers
 
 from api.auth import Authenticator, Principal
 from api.problems import JobExpired, NotFound
@@ -94,9 +94,10 @@ PrincipalDep = Annotated[Principal, Depends(get_principal)]
 BEARER_DOC: dict[str, Any] = {"security": [{"HTTPBearer": []}]}
 
 
-async def caller(fleet: Fleet, headers: Headers) -> Principal:
-    """The caller of a request with these headers, authenticated, after taking one token of its
-    rate-limit bucket (what `get_principal` gives, for the routes outside FastAPI's solving)."""
+async def caller(fleet: Fleet, headers: Mapping[str, str]) -> Principal:
+    """The caller of a request with these headers (by lower-case name), authenticated, after
+    taking one token of its rate-limit bucket (what `get_principal` gives, for the routes outside
+    FastAPI's solving)."""
     principal = fleet.auth.authenticate(headers.get("authorization"))
     await fleet.limiter.check(principal.id)
     return principal

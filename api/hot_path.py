@@ -20,7 +20,6 @@ import logging
 import re
 
 from fastapi import FastAPI
-from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
@@ -53,7 +52,7 @@ class HotPath:
             if _SESSION_ID.match(sid) is None:
                 raise Unprocessable("the request does not validate", errors=[{
                     "field": "path.sid", "message": f"String should match pattern '{SESSION_ID_PATTERN}'"}])
-            response = await tool_call(self.app.state.fleet, Headers(scope=scope), lambda: read_body(receive),
+            response = await tool_call(self.app.state.fleet, headers_of(scope), lambda: read_body(receive),
                                        env, sid)
         except Exception as exc:
             problem = as_problem(exc)
@@ -61,6 +60,14 @@ class HotPath:
                 log.exception("unexpected error on POST %s", scope["path"])
             response = problem_response(problem, scope["path"])
         await response(scope, receive, send)
+
+
+
+def headers_of(scope: Scope) -> dict[str, str]:
+    """The request's headers by (lower-case, as ASGI gives them) name, the first of a repeated one
+    as starlette's `Headers.get` answers: one pass, then a dict lookup per header the route reads
+    (`Headers.get` scans them all for each, raising KeyError inside for every absent one)."""
+    return {name.decode("latin-1"): value.decode("latin-1") for name, value in reversed(scope["headers"])}
 
 
 async def read_body(receive: Receive) -> bytes:

@@ -7,12 +7,11 @@ Seed 000 compatibility is exact on its three routes: same paths, same bodies, sa
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
-from starlette.datastructures import Headers
 
 from api.fleet import BEARER_DOC, Fleet, FleetDep, PrincipalDep, caller, fleet_and_caller
 from api.problems import InvalidToolCall, NotFound
@@ -74,9 +73,10 @@ async def execute(request: Request, env: str, sid: Sid) -> Response:
     return await tool_call(request.app.state.fleet, request.headers, request.body, env, sid)
 
 
-async def tool_call(fleet: Fleet, headers: Headers, body: Callable[[], Awaitable[bytes]], env: str,
-                    sid: str) -> Response:
-    """The answer to one tool call; `body()` reads the request body (after authentication)."""
+async def tool_call(fleet: Fleet, headers: Mapping[str, str], body: Callable[[], Awaitable[bytes]],
+                    env: str, sid: str) -> Response:
+    """The answer to one tool call; `headers` by lower-case name, `body()` reads the request body
+    (after authentication)."""
     principal = await caller(fleet, headers)
     environment = fleet.environment(env)
     principal.check(env, sid)

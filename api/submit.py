@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from starlette.datastructures import Headers
 from starlette.responses import Response
 
 from api.fleet import Fleet
@@ -53,14 +52,14 @@ class JsonResponse(Response):
                             (b"content-type", b"application/json")]
 
 
-def wants_async(headers: Headers, body_flag: bool = False) -> bool:
+def wants_async(headers: Mapping[str, str], body_flag: bool = False) -> bool:
     """`Prefer: respond-async` (RFC 7240) or an `async` flag in the body."""
     prefer = headers.get("prefer", "")
     return body_flag or any(p.strip().lower() == "respond-async" for p in prefer.split(","))
 
 
-async def submit(fleet: Fleet, headers: Headers, job: NewJob, fingerprint: Callable[[], str], sync: bool,
-                 wait_s: float | None = None) -> Response:
+async def submit(fleet: Fleet, headers: Mapping[str, str], job: NewJob, fingerprint: Callable[[], str],
+                 sync: bool, wait_s: float | None = None) -> Response:
     """Enqueue the job (with the request's Idempotency-Key), then answer: sync waits up to the
     configured limit for its result or problem, else (or when async) 202 with the job.
 
