@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from api.http_protocol import CoalescedWrites
+from api.http_protocol import FLUSH_AT_BYTES, CoalescedWrites
 
 
 class RecordingTransport:
@@ -39,6 +39,19 @@ async def test_writes_of_one_iteration_go_out_together() -> None:
     await asyncio.sleep(0)
     assert transport.writes == [b"headbody"]
     assert writes.get_extra_info("peername") == "info:peername"
+
+
+async def test_a_long_stream_is_not_held() -> None:
+    # given writes adding up to the flush size within one iteration
+    transport = RecordingTransport()
+    writes = CoalescedWrites(transport, asyncio.get_running_loop())  # type: ignore[arg-type]
+    chunk = b"x" * (FLUSH_AT_BYTES // 4)
+    for _ in range(5):
+        writes.write(chunk)
+    # then the first four went out together at once, the fifth at the end of the iteration
+    assert transport.writes == [chunk * 4]
+    await asyncio.sleep(0)
+    assert transport.writes == [chunk * 4, chunk]
 
 
 async def test_close_sends_what_was_written_first_and_nothing_after() -> None:
