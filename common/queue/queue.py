@@ -32,7 +32,7 @@ from common.queue.models import (
     NewJob,
     text,
 )
-from common.queue.scripts import EVENTS_MAXLEN, Handoff, Lease, QueueScripts, ScriptLimits
+from common.queue.scripts import EVENTS_MAXLEN, Handoff, Lease, QueueScripts, ScriptLimits, compact_json
 
 #: Lifetime of an output stream that holds only the end marker (the job wrote no output but a
 #: reader was blocked on it): long enough to wake that reader; later ones see the terminal record.
@@ -280,7 +280,7 @@ class Queue:
         Returns the next job, or None when the session was released. Raises LeaseLost.
         """
         field, value = ("res", result) if result is not None else ("err", error)
-        encoded = json.dumps(value, separators=(",", ":")) if value is not None else ""
+        encoded = compact_json(value) if value is not None else ""
         field = field if value is not None else ""
         return await self.scripts.complete(lease, job_id, str(state), field, encoded, now_ms(), take_next)
 

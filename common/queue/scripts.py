@@ -88,8 +88,9 @@ def _load(name: str) -> str:
     return resources.files("common.queue").joinpath("lua", name).read_text()
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+#: Compact JSON, as the queue stores it; one encoder for every call (json.dumps with options
+#: builds one per call).
+compact_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _str(value: Any) -> str:
@@ -135,10 +136,10 @@ class QueueScripts:
         for jid, job, idem, fingerprint in jobs:
             args += [
                 jid, job.session, job.environment, job.session_id, str(job.kind),
-                _json(job.payload), job.principal, job.callback_url or "",
+                compact_json(job.payload), job.principal, job.callback_url or "",
                 job.callback_secret_id or "", idem or "", fingerprint,
             ]
-        args += [_json(job.secrets) if job.secrets else "" for _, job, _, _ in jobs]
+        args += [compact_json(job.secrets) if job.secrets else "" for _, job, _, _ in jobs]
         raw = await self._run("enqueue", args)
         if _str(raw[0]) == "conflict":
             index = int(raw[1]) - 1
