@@ -62,7 +62,6 @@ class HotPath:
         await response(scope, receive, send)
 
 
-
 def headers_of(scope: Scope) -> dict[str, str]:
     """The request's headers by (lower-case, as ASGI gives them) name, the first of a repeated one
     as starlette's `Headers.get` answers: one pass, then a dict lookup per header the route reads

@@ -10,7 +10,6 @@ across them. A stateless API scales out that way on one host, as behind a load b
 
 from __future__ import annotations
 
-import gc
 import logging
 import socket
 
@@ -20,14 +19,14 @@ from api.app import create_app
 from api.http_protocol import HttpProtocol
 from common.config import Config
 from common.event_loop import UVICORN_LOOP
+from common.gc_tuning import collect_rarely
 
 log = logging.getLogger("atefleet.api")
 
 #: Pending connections the kernel queues per API process.
 BACKLOG = 4096
 
-#: Net allocations of container objects between two young-generation garbage collections
-#: (Python's default: 700). See `tune_gc`.
+#: Net allocations between two young-generation garbage collections (see common/gc_tuning.py).
 GC_YOUNG_THRESHOLD = 10_000
 
 
@@ -47,23 +46,8 @@ def run_api(config: Config) -> None:
         timeout_graceful_shutdown=10,
         limit_concurrency=20000,
     ))
-    tune_gc()
+    collect_rarely(GC_YOUNG_THRESHOLD)
     server.run(sockets=[listening_socket(config.api_bind_host, port)])
-
-
-def tune_gc() -> None:
-    """Set the collector for a request loop that makes next to no cyclic garbage.
-
-    Under bench/async.py collection was 15-20% of the API's CPU and found nothing to free: with
-    100 requests in flight the young generation passed 700 allocations every few requests, each
-    collection walked every in-flight request's objects and promoted them, and those promotions
-    set off full collections over the whole heap (~80,000 objects from the imports and the app,
-    ~50 ms each). Frozen, what exists at startup is left out of every collection; with the higher
-    threshold the young generation, collected every twenty requests or so before, rarely is.
-    Cycles are still collected (an exception's traceback, say), only later.
-    """
-    gc.freeze()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
 def listening_socket(host: str, port: int) -> socket.socket:

@@ -150,6 +150,10 @@ class WorkerConfig(_Model):
     capacity_wait_s: float = Field(300.0, ge=0)
     retry_backoff_base_s: float = Field(0.25, gt=0)
     retry_backoff_max_s: float = Field(10.0, gt=0)
+    #: Niceness a worker process adds to its own at start: on a host the workers share with the
+    #: API and Redis, taking and answering requests goes first when CPU runs short, and a worker
+    #: that waits for CPU finds more work per wake-up. 0 keeps the priority it was started with.
+    nice: int = Field(5, ge=0, le=19)
 
     _blank = model_validator(mode="before")(_none_to_default)
 

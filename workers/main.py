@@ -9,7 +9,6 @@ jobs still need both to record their outcome.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import socket
@@ -18,6 +17,7 @@ import redis.asyncio as aioredis
 
 from common.config import Config
 from common.event_loop import run_network_role
+from common.gc_tuning import collect_rarely
 from common.metrics import serve_role_endpoints
 from common.queue import Consumer, Queue
 from common.routing import make_router, substrate_address
@@ -71,22 +71,7 @@ async def serve_worker(config: Config, worker_id: str, metrics_port: int = 0,
         log.info("worker stopped")
 
 
-def _collect_less_often() -> None:
-    """Run the cycle collector rarely, and never over what start-up made (a process-wide setting:
-    for the worker process only, not for whoever runs `serve_worker` in-process).
-
-    A job's objects are freed by reference counting (the hot path makes no reference cycles), so
-    collecting every 700 allocations found nothing and still cost ~3% of the worker's CPU (young
-    collections scan every live young object). The cycles an error path may make are still
-    collected, just later. Freezing moves what start-up made (modules, config) out of every later
-    collection.
-    """
-    gc.collect()
-    gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
-
-
 def run_worker(config: Config, worker_id: str, metrics_port: int) -> None:
-    _collect_less_often()
+    collect_rarely(GC_YOUNG_THRESHOLD)  # the worker process only, not whoever runs serve_worker
+    os.nice(config.workers.nice)  # below the API and Redis: see WorkerConfig.nice
     run_network_role(serve_worker(config, worker_id, metrics_port))

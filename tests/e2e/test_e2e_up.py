@@ -16,6 +16,11 @@ import httpx
 from tests.e2e.conftest import RunningFleet, base_config, free_port, start_fleet
 
 
+def _niceness(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[16])  # field 19, counted after the command name
+
+
 def _children(fleet: RunningFleet) -> dict[str, int]:
     """Role → pid of the fleet's children, read from their command lines (as `ps` shows them);
     `worker-<id>`, and `api-<n>` numbered by pid (the API processes share one command line)."""
@@ -91,6 +96,10 @@ def _supervision_and_clean_stop(fleet: RunningFleet, tmp_path: Path) -> None:
     roles = _children(fleet)
     expected = {"api-0", "api-1", "reconciler", "webhooks", "local-substrate", "worker-w0", "worker-w1"}
     assert expected <= set(roles)
+    # workers run below the API and Redis (workers.nice, default 5); the rest as started
+    up = _niceness(fleet.process.pid)
+    assert {r: _niceness(pid) - up for r, pid in roles.items()} == {
+        r: 5 if r.startswith("worker-") else 0 for r in roles}
     with fleet.client() as c:
         assert c.post("/v1/environments/my-env/sessions/keep/resume").status_code == 200
         _bash(c, "keep", "echo survived > kept.txt")

@@ -1,4 +1,4 @@
-"""The API process's garbage collector settings."""
+"""The request loops' garbage collector settings (API and worker processes)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from api.main import GC_YOUNG_THRESHOLD, tune_gc
+from common.gc_tuning import collect_rarely
 
 
 @pytest.fixture
@@ -18,8 +18,8 @@ def restored_gc() -> Iterator[None]:
     gc.set_threshold(*threshold)
 
 
-def test_tune_gc_freezes_the_startup_heap_and_raises_the_young_threshold(restored_gc: None) -> None:
+def test_collect_rarely_freezes_the_startup_heap_and_raises_the_young_threshold(restored_gc: None) -> None:
     older = gc.get_threshold()[1:]
-    tune_gc()
+    collect_rarely(12_345)
     assert gc.get_freeze_count() > 0
-    assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, *older)
+    assert gc.get_threshold() == (12_345, *older)
