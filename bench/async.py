@@ -1,6 +1,6 @@
 """Async-jobs benchmark: the whole fleet as orchestrators use it (202 + long-poll, batch, webhooks).
 
-Starts `atefleet --config CFG up` (as bench/e2e.py does: 2 worker processes, 110 actor slots),
+Starts `atefleet --config CFG up` (as bench/e2e.py does: shipped worker defaults, 110 actor slots),
 resumes 100 sessions (not timed), then over real HTTP on loopback:
 
 1. submit: 100 client tasks, one per session, each POSTs its 50 `read_file` calls with
