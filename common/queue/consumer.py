@@ -161,9 +161,10 @@ class Consumer:
             # (`ready` fills only when no worker has a slot announced), and a top-up is a round
             # trip. Without this, every handoff was followed by one.
             if (free > 0 and 2 * announced <= free) or (announced > 0 and now >= renew_at):
+                unannounced = max(free - announced, 0)  # past concurrency after a lapse: none
                 try:
                     taken = await self._retrying(
-                        lambda n=free - announced, f=free: self.queue.take_work(  # type: ignore[misc]
+                        lambda n=unannounced, f=free: self.queue.take_work(  # type: ignore[misc]
                             self.worker_id, n, announce_s=self.announce_s, free=f
                         ),
                         deadline=None,
