@@ -1,8 +1,9 @@
 """Queue repair pass: drive the queue's repair primitives and publish queue depth and age.
 
-The primitives (expired leases, due delayed sessions, stale `ready` entries, work nobody owns or
-was told about) belong to `common.queue`; this pass only calls them every period, in the order
-that lets one pass recover a crashed worker's session, and measures the queue.
+The primitives (expired leases, due delayed sessions, workers whose announcement of free slots
+lapsed, work nobody owns or was told about) belong to `common.queue`; this pass only calls them
+every period, in the order that lets one pass recover a crashed worker's session, and measures
+the queue.
 """
 
 from __future__ import annotations
