@@ -1,8 +1,10 @@
 """Chaos on real Redis: worker processes SIGKILLed at random and restarted, and a stalled worker.
 
 No job lost, order preserved, each interrupted job resumed at the head, recovery within lease TTL +
-reconciler period (measured and printed). A worker stopped past its lease (SIGSTOP, then SIGCONT)
-cannot complete, fail or release anything.
+reconciler period (measured and printed). Idle workers SIGKILLed with free slots announced (so
+sessions may be handed to them after they died): the same, within the announcement's lapse +
+reconciler period. A worker stopped past its lease (SIGSTOP, then SIGCONT) cannot complete, fail or
+release anything.
 """
 
 from __future__ import annotations
@@ -20,13 +22,17 @@ from queue_testkit import (
     WorkerFleet,
     check_session_log,
     enqueue_sessions,
+    job,
     run_repairs,
     session_logs,
     terminal_event_counts,
     wait_for,
 )
+from queue_worker_proc import BLOCK_MS
 
 from common.queue import JobState, Queue
+from common.queue.consumer import ANNOUNCE_RENEWALS
+from common.queue.queue import job_id_created_s
 
 SESSIONS = 200
 JOBS_PER_SESSION = 50
@@ -86,19 +92,7 @@ async def test_chaos_sigkill_workers_nothing_lost_order_kept(
         await repairs
         fleet.stop_all()
     assert len(kills) >= 3, "the run was too short to kill workers mid-way"
-
-    # then nothing is lost: every job succeeded, with exactly one terminal transition
-    all_ids = [jid for ids in order.values() for jid in ids]
-    counts = await terminal_event_counts(redis_client)
-    assert len(counts) == len(all_ids) and all(counts[j] == 1 for j in all_ids)
-    pipe = redis_client.pipeline(transaction=False)
-    for jid in all_ids:
-        pipe.hget(f"af:job:{jid}", "st")
-    assert set(await pipe.execute()) == {JobState.SUCCEEDED.value.encode()}
-    # and order is kept, executions never overlap, interrupted jobs resume at the head
-    logs = await session_logs(redis_client, list(order))
-    problems = {s: p for s in order if (p := check_session_log(logs[s], order[s], set(kills)))}
-    assert problems == {}
+    logs = await nothing_lost_order_kept(redis_client, order, kills)
     times = recovery_times(logs, kills)
     assert times, "no execution was interrupted"
     bound = LEASE_TTL_S + RECONCILER_PERIOD_S
@@ -107,6 +101,85 @@ async def test_chaos_sigkill_workers_nothing_lost_order_kept(
     # Workers are saturated here, so a re-notified session also waits its turn behind the other
     # ready sessions (fairness): a generous margin; the figures above are what matter.
     assert max(times) < bound + 3.0
+
+
+async def nothing_lost_order_kept(
+    redis: aioredis.Redis, order: dict[str, list[str]], kills: dict[str, float]
+) -> dict[str, list[LogEntry]]:
+    """Every job succeeded with exactly one terminal transition; per session, order kept,
+    executions never overlap and interrupted jobs resume at the head. The session logs."""
+    all_ids = [jid for ids in order.values() for jid in ids]
+    counts = await terminal_event_counts(redis)
+    assert len(counts) == len(all_ids) and all(counts[j] == 1 for j in all_ids)
+    pipe = redis.pipeline(transaction=False)
+    for jid in all_ids:
+        pipe.hget(f"af:job:{jid}", "st")
+    assert set(await pipe.execute()) == {JobState.SUCCEEDED.value.encode()}
+    logs = await session_logs(redis, list(order))
+    problems = {s: p for s in order if (p := check_session_log(logs[s], order[s], set(kills)))}
+    assert problems == {}
+    return logs
+
+
+@pytest.mark.slow
+async def test_chaos_sigkill_idle_workers_what_was_handed_to_them_runs(
+    queue: Queue, redis_client: aioredis.Redis, redis_url: str
+) -> None:
+    # given sparse work over many sessions: workers mostly idle, their free slots announced, so
+    # each session that gets a job is handed straight to one of them
+    fleet = WorkerFleet(redis_url, concurrency=8, lease_ttl_s=LEASE_TTL_S, max_job_ms=2.0, name="idle")
+    stop_repairs = asyncio.Event()
+    repairs = asyncio.create_task(run_repairs(queue, RECONCILER_PERIOD_S, stop_repairs))
+    rng = random.Random(11)
+    order: dict[str, list[str]] = {f"s{n}": [] for n in range(40)}
+    kills: dict[str, float] = {}
+    try:
+        alive = [fleet.start() for _ in range(3)]
+        await fleet.wait_working(redis_client, alive)
+        # when, while jobs trickle in, workers with slots announced are SIGKILLed and replaced
+        # (under new ids: nothing of theirs is handed back by a restart, only by the reconciler)
+        ends = time.monotonic() + 5.0
+        next_kill = time.monotonic() + 0.3
+        while time.monotonic() < ends:
+            session = rng.choice(list(order))
+            order[session].append((await queue.enqueue(job(session, len(order[session])))).job_id)
+            await asyncio.sleep(0.004)
+            if time.monotonic() < next_kill:
+                continue
+            next_kill += 0.4
+            announced = [w for w in alive if (await redis_client.zscore("af:idle", w.worker_id) or 0) > 0]
+            if announced:
+                victim = announced[rng.randrange(len(announced))]
+                alive.remove(victim)
+                victim.kill()
+                kills[victim.worker_id] = time.time()
+                alive.append(fleet.start())
+
+        async def drained() -> bool:
+            return await redis_client.zcard("af:work") == 0
+
+        await wait_for(drained, 60, "every FIFO to drain", every_s=0.1)
+    finally:
+        stop_repairs.set()
+        await repairs
+        fleet.stop_all()
+    assert len(kills) >= 5, "too few workers were killed with slots announced"
+    # then nothing is lost and order is kept
+    logs = await nothing_lost_order_kept(redis_client, order, kills)
+    # and every job started within the time a dead worker can hold what was handed to it: its
+    # announcement's lapse, the reconciler's period, and the lease of a job it was running
+    waits = []
+    for entries in logs.values():
+        first_start: dict[str, float] = {}
+        for e in entries:
+            first_start.setdefault(e.job_id, e.ts)
+        waits += [ts - (job_id_created_s(jid) or ts) for jid, ts in first_start.items()]
+    lapse = ANNOUNCE_RENEWALS * BLOCK_MS / 1000
+    bound = lapse + RECONCILER_PERIOD_S + LEASE_TTL_S
+    print(f"\nhandoff chaos: {len(kills)} idle workers killed; {len(waits)} jobs, enqueue→start "
+          f"p50 {statistics.median(waits) * 1000:.1f} ms, max {max(waits):.2f} s "
+          f"(announcement lapse + period + lease TTL = {bound:.2f} s)")
+    assert max(waits) < bound + 2.0  # margin for this loaded machine
 
 
 async def test_stalled_worker_cannot_complete_fail_or_release(
