@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 from queue_testkit import (
     LogEntry,
     WorkerFleet,
+    WorkerProc,
     check_session_log,
     enqueue_sessions,
     job,
@@ -75,18 +76,9 @@ async def test_chaos_sigkill_workers_nothing_lost_order_kept(
             # only workers that are doing work (a fresh process may still be importing)
             jobs = [int(await redis_client.hget(f"t:stats:{w.worker_id}", "jobs") or 0) for w in alive]
             working = [w for w, n in zip(alive, jobs, strict=True) if n]
-            if not working:
-                continue
-            victim = working[rng.randrange(len(working))]
-            alive.remove(victim)
-            victim.kill()
-            kills[victim.worker_id] = time.time()
-            alive.append(fleet.start())
-
-        async def drained() -> bool:
-            return await redis_client.zcard("af:work") == 0
-
-        await wait_for(drained, 120, "every FIFO to drain", every_s=0.1)
+            if working:
+                kill_and_replace(fleet, alive, working, rng, kills)
+        await wait_drained(redis_client, 120)
     finally:
         stop_repairs.set()
         await repairs
@@ -101,6 +93,23 @@ async def test_chaos_sigkill_workers_nothing_lost_order_kept(
     # Workers are saturated here, so a re-notified session also waits its turn behind the other
     # ready sessions (fairness): a generous margin; the figures above are what matter.
     assert max(times) < bound + 3.0
+
+
+def kill_and_replace(fleet: WorkerFleet, alive: list[WorkerProc], candidates: list[WorkerProc],
+                     rng: random.Random, kills: dict[str, float]) -> None:
+    """SIGKILL one of `candidates` at random (noted in `kills`) and start a replacement."""
+    victim = candidates[rng.randrange(len(candidates))]
+    alive.remove(victim)
+    victim.kill()
+    kills[victim.worker_id] = time.time()
+    alive.append(fleet.start())
+
+
+async def wait_drained(redis: aioredis.Redis, timeout_s: float) -> None:
+    async def drained() -> bool:
+        return await redis.zcard("af:work") == 0
+
+    await wait_for(drained, timeout_s, "every FIFO to drain", every_s=0.1)
 
 
 async def nothing_lost_order_kept(
@@ -149,16 +158,8 @@ async def test_chaos_sigkill_idle_workers_what_was_handed_to_them_runs(
             next_kill += 0.4
             announced = [w for w in alive if (await redis_client.zscore("af:idle", w.worker_id) or 0) > 0]
             if announced:
-                victim = announced[rng.randrange(len(announced))]
-                alive.remove(victim)
-                victim.kill()
-                kills[victim.worker_id] = time.time()
-                alive.append(fleet.start())
-
-        async def drained() -> bool:
-            return await redis_client.zcard("af:work") == 0
-
-        await wait_for(drained, 60, "every FIFO to drain", every_s=0.1)
+                kill_and_replace(fleet, alive, announced, rng, kills)
+        await wait_drained(redis_client, 60)
     finally:
         stop_repairs.set()
         await repairs
