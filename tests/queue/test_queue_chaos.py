@@ -164,7 +164,7 @@ async def test_chaos_sigkill_idle_workers_what_was_handed_to_them_runs(
         stop_repairs.set()
         await repairs
         fleet.stop_all()
-    assert len(kills) >= 5, "too few workers were killed with slots announced"
+    assert len(kills) >= 3, "too few workers were killed with slots announced"
     # then nothing is lost and order is kept
     logs = await nothing_lost_order_kept(redis_client, order, kills)
     # and every job started within the time a dead worker can hold what was handed to it: its

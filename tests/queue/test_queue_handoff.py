@@ -112,10 +112,10 @@ async def test_a_dead_workers_inbox_is_handed_on_by_repair(
     queue: Queue, redis_client: aioredis.Redis
 ) -> None:
     # given a worker that was handed a session and died before taking it
-    await queue.take_work("dead", 2, announce_s=0.05)
+    await queue.take_work("dead", 2, announce_s=0.5)
     res = await queue.enqueue(job("s", 0))
     assert await queue.forget_dead_workers() == 0  # its announcement still runs
-    await asyncio.sleep(0.06)
+    await asyncio.sleep(0.55)
     # then repair forgets it and releases the session at once (no wait for its lease to expire)
     assert (await queue.repair())["dead_workers"] == 1
     assert await redis_client.hlen("af:idle_until") == 0
