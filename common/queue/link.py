@@ -26,10 +26,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import hiredis
+from redis._parsers.base import BaseParser  # redis-py's own error-code mapping (redis pinned < 6)
 from redis.asyncio import Redis
 from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ResponseError
 
 RedisArg = str | int | float | bytes
 
@@ -67,8 +68,12 @@ def _encode_each(args: tuple[RedisArg, ...]) -> bytes:
     return b"".join(parts)
 
 
-def _reply_error(message: str) -> ResponseError:
-    return NoScriptError(message) if message.startswith("NOSCRIPT") else ResponseError(message)
+def reply_error(message: str) -> ResponseError:
+    """An error reply as redis-py raises it, by its code: NOSCRIPT as NoScriptError, LOADING (a
+    restarted Redis still reading its AOF) as BusyLoadingError, a ConnectionError, so callers
+    retry it like an outage and the API answers 503, not 500."""
+    error: ResponseError = BaseParser.parse_error(message)  # type: ignore[no-untyped-call]
+    return error
 
 
 class _Protocol(asyncio.Protocol):
@@ -120,7 +125,7 @@ class _Protocol(asyncio.Protocol):
             if future.done():
                 continue  # its caller was cancelled; the reply still had to be consumed in order
             if isinstance(reply, ResponseError):
-                future.set_exception(_reply_error(str(reply)))
+                future.set_exception(reply_error(str(reply)))
             else:
                 future.set_result(reply)
 

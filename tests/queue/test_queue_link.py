@@ -8,18 +8,28 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import BusyLoadingError, NoScriptError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 
 from common.embedded_redis import redis_server_binary
 from common.event_loop import run_network_role
 from common.queue.batcher import LuaScript, ScriptBatcher
-from common.queue.link import RedisLink, encode_command
+from common.queue.link import RedisLink, encode_command, reply_error
 
 
 def test_encode_command_is_resp_bulk_strings() -> None:
     assert encode_command(("SET", "k", b"v\r\n", 3, 1.5)) == (
         b"*5\r\n$3\r\nSET\r\n$1\r\nk\r\n$3\r\nv\r\n\r\n$1\r\n3\r\n$3\r\n1.5\r\n")
+
+
+def test_error_replies_are_raised_as_redis_py_raises_them() -> None:
+    # a restarted Redis reading its AOF answers LOADING: an outage to retry (the API's 503), not
+    # an unexpected error (a 500); NOSCRIPT makes the batcher load the script
+    loading = reply_error("LOADING Redis is loading the dataset in memory")
+    assert isinstance(loading, BusyLoadingError) and isinstance(loading, RedisConnectionError)
+    assert isinstance(reply_error("NOSCRIPT No matching script."), NoScriptError)
+    other = reply_error("ERR Error running script")
+    assert type(other) is ResponseError and "Error running script" in str(other)
 
 
 def test_encode_command_counts_bytes_not_characters() -> None:
