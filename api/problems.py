@@ -1,14 +1,18 @@
 """RFC 9457 problem details: the API's one error hierarchy and its one renderer.
 
 Every error the API answers is an `ApiProblem` rendered as `application/problem+json` with a
-stable `type` URI (`https://atefleet.dev/problems/<slug>`), so clients branch on `type`, never on
-`detail` text. Foreign errors (FastAPI's validation errors, Starlette's HTTPException for unknown
-routes and methods, anything unexpected) are translated once, here, into the same shape.
+stable `type` URI (`https://atefleet.dev/problems/<slug>`, built by `common.problem_types`, which
+lists every slug), so clients branch on `type`, never on `detail` text. Foreign errors (FastAPI's
+validation errors, Starlette's HTTPException for unknown routes and methods, anything unexpected)
+are translated once, here, into the same shape.
 
     ApiProblem(status, type_slug, title, detail, **extensions)
     ├── BadRequest                 400 bad_request
     ├── Unauthorized               401 unauthorized          (WWW-Authenticate: Bearer)
     ├── Forbidden                  403 forbidden
+    │   ├── PolicyDenied           403 policy_denied         (rule, environment, tool)
+    │   └── CallbackSecretForbidden 403 callback_secret_forbidden
+    ├── QuotaExceeded              403/429 quota_exceeded    (quota, limit; Retry-After on 429)
     ├── NotFound                   404 not_found
     │   └── JobExpired             404 job_expired
     ├── MethodNotAllowed           405 method_not_allowed    (Allow)
@@ -42,8 +46,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-#: Base of every problem `type` URI; the slug after it is the stable, documented part.
-TYPE_BASE = "https://atefleet.dev/problems/"
+from common.problem_types import PROBLEM_TYPES, TYPE_BASE, problem_type
 
 #: Media type of every error answer (RFC 9457 section 3).
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -69,6 +72,8 @@ class ApiProblem(Exception):
         clash = _STANDARD_MEMBERS.intersection(extensions)
         if clash:
             raise ValueError(f"problem extensions may not redefine {sorted(clash)}")
+        if type_slug not in PROBLEM_TYPES:
+            raise ValueError(f"problem slug {type_slug!r} is not documented in common.problem_types")
         super().__init__(detail or title)
         self.status = status
         self.type_slug = type_slug
@@ -79,7 +84,7 @@ class ApiProblem(Exception):
 
     @property
     def type_uri(self) -> str:
-        return TYPE_BASE + self.type_slug
+        return problem_type(self.type_slug)
 
     def to_dict(self, instance: str | None = None) -> dict[str, Any]:
         """The problem+json body (also the shape stored as a failed job's `error`)."""
@@ -95,7 +100,9 @@ class ApiProblem(Exception):
     def from_dict(cls, body: Mapping[str, Any]) -> ApiProblem:
         """Rebuild a problem from its body (e.g. a failed job's stored `error`)."""
         type_uri = str(body.get("type", ""))
-        slug = type_uri.removeprefix(TYPE_BASE) if type_uri.startswith(TYPE_BASE) else "internal"
+        slug = type_uri.removeprefix(TYPE_BASE)
+        if not type_uri.startswith(TYPE_BASE) or slug not in PROBLEM_TYPES:
+            slug = "internal"
         extensions = {k: v for k, v in body.items() if k not in _STANDARD_MEMBERS}
         return ApiProblem(
             int(body.get("status", 500)),
@@ -136,6 +143,17 @@ class Unauthorized(_FixedProblem):
 
 class Forbidden(_FixedProblem):
     STATUS, SLUG, TITLE = 403, "forbidden", "Forbidden"
+
+
+class PolicyDenied(Forbidden):
+    """The environment's command policy refused the call; `rule` names the rule that matched
+    (`environments.N.policy.rules.M`, or `environments.N.policy.default`)."""
+
+    STATUS, SLUG, TITLE = 403, "policy_denied", "Refused by the environment's command policy"
+
+
+class CallbackSecretForbidden(Forbidden):
+    STATUS, SLUG, TITLE = 403, "callback_secret_forbidden", "Callback secret not usable by this principal"
 
 
 class NotFound(_FixedProblem):
@@ -212,6 +230,17 @@ class RateLimited(_FixedProblem):
         super().__init__(detail, headers=_retry_after(retry_after_s), **extensions)
 
 
+class QuotaExceeded(ApiProblem):
+    """A per-principal quota is used up: 429 with Retry-After when waiting frees it (work in
+    flight ends), 403 when only the principal's own action does (e.g. destroying sessions)."""
+
+    def __init__(self, quota: str, limit: int, detail: str, /, *, retry_after_s: float | None = None,
+                 **extensions: Any) -> None:
+        status, headers = (429, _retry_after(retry_after_s)) if retry_after_s is not None else (403, None)
+        super().__init__(status, "quota_exceeded", "Quota exceeded", detail, headers=headers,
+                         quota=quota, limit=limit, **extensions)
+
+
 class InternalError(_FixedProblem):
     STATUS, SLUG, TITLE = 500, "internal", "Internal server error"
 
@@ -262,8 +291,9 @@ def from_http_exception(exc: StarletteHTTPException) -> ApiProblem:
     """Starlette/FastAPI HTTPException (unknown route, wrong method, ...) → a problem, headers kept."""
     detail = exc.detail if isinstance(exc.detail, str) else ""
     problem_class = _HTTP_STATUS_PROBLEMS.get(exc.status_code)
-    if problem_class is None:
-        problem: ApiProblem = ApiProblem(exc.status_code, "http_error", detail or "HTTP error", detail)
+    if problem_class is None:  # statuses Starlette raises rarely: the documented slug of their class
+        slug = "bad_request" if exc.status_code < 500 else "internal"
+        problem: ApiProblem = ApiProblem(exc.status_code, slug, detail or "HTTP error", detail)
     else:
         problem = problem_class(detail)
     problem.headers.update(exc.headers or {})

@@ -20,6 +20,7 @@ from common.actor_names import actor_name
 from common.config import Config, Environment
 from common.guest_client import GuestClient, GuestError
 from common.metrics import LIFECYCLE_LATENCY
+from common.problem_types import problem_body
 from common.queue import JobContext, JobFailed, RetryLater
 from common.routing import GuestRouter
 from common.substrate import (
@@ -44,11 +45,9 @@ CAPACITY_POLL_MAX_S = 1.0
 SETTLE_TIMEOUT_S = 60.0
 SETTLE_POLL_S = 0.1
 
-PROBLEM_BASE = "https://atefleet.dev/problems/"
-
 
 def problem(status: int, slug: str, title: str, detail: str, **ext: Any) -> dict[str, Any]:
-    return {"type": PROBLEM_BASE + slug, "title": title, "status": status, "detail": detail, **ext}
+    return problem_body(status, slug, title, detail, **ext)
 
 
 def session_not_running(env: str, sid: str, state: str) -> JobFailed:

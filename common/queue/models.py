@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from common.problem_types import problem_type
 from common.queue.keys import split_session
 
 
@@ -45,10 +46,10 @@ class JobKind(StrEnum):
     TOOL = "tool"
 
 
-#: problem+json `type` of the queue's own failures.
-PROBLEM_RETRIES_EXHAUSTED = "urn:atefleet:problem:retries-exhausted"
-PROBLEM_CANCELLED = "urn:atefleet:problem:cancelled"
-PROBLEM_INVALID_RESULT = "urn:atefleet:problem:invalid-result"
+#: problem+json `type` of the queue's own failures (one scheme for every problem: common.problem_types).
+PROBLEM_RETRIES_EXHAUSTED = problem_type("retries_exhausted")
+PROBLEM_CANCELLED = problem_type("cancelled")
+PROBLEM_INVALID_RESULT = problem_type("invalid_result")
 
 
 class QueueError(Exception):

@@ -10,6 +10,8 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 
 from api import problems as p
+from common.problem_types import PROBLEM_TYPES
+from common.queue import PROBLEM_CANCELLED, PROBLEM_INVALID_RESULT, PROBLEM_RETRIES_EXHAUSTED
 
 TYPE = "https://atefleet.dev/problems/"
 
@@ -31,7 +33,8 @@ CASES: list[tuple[p.ApiProblem, int, str]] = [
     (p.RateLimited(0.2), 429, "rate_limited"),
     (p.InternalError(), 500, "internal"),
     (p.Unavailable("later", retry_after_s=3), 503, "unavailable"),
-    (p.ApiProblem(418, "teapot", "I'm a teapot", "short and stout", spout=1), 418, "teapot"),
+    (p.ApiProblem(409, "session_not_running", "Not running", "resume it", session_state="new"), 409,
+     "session_not_running"),
 ]
 
 
@@ -163,3 +166,21 @@ def test_as_problem_maps_what_a_route_can_raise() -> None:
     unexpected = p.as_problem(ValueError("internal detail"))
     assert isinstance(unexpected, p.InternalError)
     assert "internal detail" not in str(unexpected.to_dict())
+
+
+def test_an_undocumented_slug_is_refused() -> None:
+    with pytest.raises(ValueError, match="not documented"):
+        p.ApiProblem(418, "teapot", "I'm a teapot")
+
+
+def test_a_job_out_of_retries_answers_its_own_type_on_the_sync_route() -> None:
+    # Given the error a job out of retries stores (the queue's own problem)
+    stored = {"type": PROBLEM_RETRIES_EXHAUSTED, "title": "Infrastructure retries exhausted", "status": 503}
+    # When the sync route rebuilds it, then the type is the same one GET /v1/jobs/{id} shows
+    rebuilt = p.ApiProblem.from_dict({**stored, "job_id": "j"})
+    assert rebuilt.to_dict()["type"] == PROBLEM_RETRIES_EXHAUSTED == TYPE + "retries_exhausted"
+
+
+def test_every_queue_and_worker_problem_type_is_documented() -> None:
+    for uri in (PROBLEM_RETRIES_EXHAUSTED, PROBLEM_CANCELLED, PROBLEM_INVALID_RESULT):
+        assert uri.removeprefix(TYPE) in PROBLEM_TYPES

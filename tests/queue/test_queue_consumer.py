@@ -335,5 +335,5 @@ async def test_result_that_is_not_json_fails_the_job_instead_of_looping(
     await wait_for(lambda: all_terminal(queue, ids), 5, "both jobs terminal")
     bad, good = await queue.get_job(ids[0]), await queue.get_job(ids[1])
     assert bad is not None and bad.state == JobState.FAILED and bad.error is not None
-    assert bad.error["type"] == "urn:atefleet:problem:invalid-result"
+    assert bad.error["type"] == "https://atefleet.dev/problems/invalid_result"
     assert good is not None and good.state == JobState.SUCCEEDED
