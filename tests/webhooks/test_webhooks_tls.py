@@ -15,7 +15,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from workers.webhook_target import PinnedTransport
 
@@ -24,10 +24,13 @@ def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
-def _cert(subject: str, issuer: str, key: ec.EllipticCurvePrivateKey, signer: ec.EllipticCurvePrivateKey,
-          ca: bool, dns: str | None = None) -> x509.Certificate:
+def _builder(subject: str, issuer: str, key: ec.EllipticCurvePrivateKey,
+             issuer_key: ec.EllipticCurvePrivateKey) -> x509.CertificateBuilder:
+    """The fields and key identifiers every certificate has. Python 3.13 verifies strictly
+    (VERIFY_X509_STRICT): a certificate without an Authority Key Identifier is refused, as is a CA
+    without a Subject Key Identifier or keyUsage, so these look like a real CA's."""
     now = datetime.datetime.now(datetime.UTC)
-    builder = (
+    return (
         x509.CertificateBuilder()
         .subject_name(_name(subject))
         .issuer_name(_name(issuer))
@@ -35,11 +38,38 @@ def _cert(subject: str, issuer: str, key: ec.EllipticCurvePrivateKey, signer: ec
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()), critical=False)
     )
-    if dns is not None:
-        builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(dns)]), critical=False)
-    return builder.sign(signer, hashes.SHA256())
+
+
+def _key_usage(*, digital_signature: bool, key_cert_sign: bool) -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=digital_signature, content_commitment=False, key_encipherment=False,
+        data_encipherment=False, key_agreement=False, key_cert_sign=key_cert_sign, crl_sign=key_cert_sign,
+        encipher_only=False, decipher_only=False)
+
+
+def _ca_cert(key: ec.EllipticCurvePrivateKey) -> x509.Certificate:
+    return (
+        _builder("test CA", "test CA", key, key)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_key_usage(digital_signature=True, key_cert_sign=True), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+
+
+def _server_cert(dns: str, key: ec.EllipticCurvePrivateKey,
+                 ca_key: ec.EllipticCurvePrivateKey) -> x509.Certificate:
+    return (
+        _builder(dns, "test CA", key, ca_key)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_key_usage(digital_signature=True, key_cert_sign=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(dns)]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
 
 
 def _pem(obj: x509.Certificate | ec.EllipticCurvePrivateKey) -> bytes:
@@ -54,8 +84,8 @@ class TLSReceiver:
 
     def __init__(self, tmp: Path, dns: str) -> None:
         ca_key, leaf_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-        ca = _cert("test CA", "test CA", ca_key, ca_key, ca=True)
-        leaf = _cert(dns, "test CA", leaf_key, ca_key, ca=False, dns=dns)
+        ca = _ca_cert(ca_key)
+        leaf = _server_cert(dns, leaf_key, ca_key)
         (tmp / "leaf.pem").write_bytes(_pem(leaf) + _pem(leaf_key))
         self.server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self.server_ctx.load_cert_chain(tmp / "leaf.pem")
