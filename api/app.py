@@ -20,6 +20,7 @@ from api.fleet import Fleet
 from api.hot_path import HotPath
 from api.problems import install_problem_handlers
 from api.rate_limit import RateLimiter
+from api.routes_capacity import router as capacity_router
 from api.routes_jobs import router as jobs_router
 from api.routes_meta import router as meta_router
 from api.routes_sessions import router as sessions_router
@@ -62,4 +63,5 @@ def create_app(config: Config, redis_url: str | None = None) -> ASGIApp:
     app.include_router(sessions_router)
     app.include_router(jobs_router)
     app.include_router(meta_router)
+    app.include_router(capacity_router)
     return BodyLimitMiddleware(HotPath(app), max_bytes=config.api.body_max_bytes)

@@ -42,6 +42,13 @@ QUEUE_DEPTH = Gauge("atefleet_queue_depth", "Jobs queued across all sessions", m
 OLDEST_JOB_AGE = Gauge("atefleet_oldest_queued_job_age_seconds", "Age of the oldest queued job",
                        multiprocess_mode="livemax")
 SESSIONS_BY_STATE = Gauge("atefleet_sessions", "Sessions by state", ["state"], multiprocess_mode="livemax")
+SUBSTRATE_WORKERS = Gauge("atefleet_substrate_workers", "Substrate workers (local slots) by state",
+                          ["state"], multiprocess_mode="livemax")
+CAPACITY_SESSIONS = Gauge("atefleet_capacity_sessions", "Sessions running, parked, waiting for a worker",
+                          ["state"], multiprocess_mode="livemax")
+CAPACITY_OLDEST_WAIT = Gauge("atefleet_capacity_oldest_wait_seconds", "First waiting resume's wait",
+                             multiprocess_mode="livemax")
+PARKS = Counter("atefleet_parks_total", "Sessions the fleet suspended on its own", ["reason"])
 
 
 M = TypeVar("M", bound=MetricWrapperBase)

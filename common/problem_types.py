@@ -42,6 +42,8 @@ PROBLEM_TYPES: dict[str, str] = {
     "guest_error": "502: the sandbox's guest answered with an error",
     "unavailable": "503: a dependency (Redis, Substrate) is unreachable; retry (Retry-After)",
     "substrate_configuration": "503: Substrate refused the environment's configuration",
+    "no_capacity": ("503: no Substrate worker became free within `workers.capacity_wait_s` and no running "
+                    "session could be parked (`position`: the place it had in the wait queue)"),
     "retries_exhausted": "503: infrastructure failures used up the job's attempts (the job went to the DLQ)",
 }
 

@@ -8,6 +8,9 @@ reaches the FIFO first wins and the idle job is skipped.
 
 A session the worker declined to suspend (say, a background process runs) keeps the same
 activity stamp; it is asked again only after another `idle_timeout_s`, not every period.
+
+The pass also drops from the fleet's parked index (common.capacity) the sessions that are not
+suspended any more (adopted by status sync, lost, destroyed): GET /v1/capacity counts it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
+from common.capacity import Capacity
 from common.config import Config
 from common.metrics import QUEUE_DEPTH, SESSIONS_BY_STATE
 from common.queue import JobKind, NewJob, Queue
@@ -24,6 +28,9 @@ from reconciler.store import ReconcilerStore, SessionRow
 
 #: Principal recorded on the jobs the reconciler enqueues.
 PRINCIPAL = "reconciler"
+
+#: Session states of a parked session (one whose park a dead worker left midway included).
+_PARKED_STATES = ("suspended", "suspending")
 
 #: Session states the gauge always reports (0 when none), so a state that empties shows 0.
 SESSION_STATES = ("new", "resuming", "running", "suspending", "suspended", "destroying", "destroyed", "lost")
@@ -44,6 +51,7 @@ class IdlePass:
         self.config = config
         self.queue = queue
         self.store = store
+        self.capacity = Capacity(queue.redis, config)
         self._asked: dict[str, _Asked] = {}
 
     async def run(self, report: PassReport) -> None:
@@ -59,6 +67,7 @@ class IdlePass:
                 idle = [r for r in rows if self._due(r, env.idle_timeout_s, now, asked)]
                 await self._ask(idle, env.idle_timeout_s, now, asked)
                 report.repaired("idle_suspend_requested", len(idle))
+                await self.capacity.forget(*(r.session for r in rows if r.state not in _PARKED_STATES))
         # Only sessions still idle stay remembered: the memo is bounded by the idle sessions.
         self._asked = asked
         for state in {*SESSION_STATES, *states}:

@@ -23,6 +23,7 @@ import redis.asyncio as aioredis
 from common.config import Config
 from common.queue import Queue
 from common.substrate import SubstrateClient
+from reconciler.capacity_pass import CapacityPass
 from reconciler.gc import GcPass
 from reconciler.idle import IdlePass
 from reconciler.leader import LeaderLease
@@ -50,6 +51,7 @@ class Reconciler:
         self.store = ReconcilerStore(redis, self.queue.keys)
         self.leader = LeaderLease(self.store, instance_id, config.reconciler.leader_ttl_s)
         self.idle = IdlePass(config, self.queue, self.store)
+        self.capacity = CapacityPass(config, redis, substrate)
         self.sync = StatusSync(config, self.store, substrate, self.leader)
         self.gc = GcPass(config, self.queue, self.store)
 
@@ -59,7 +61,8 @@ class Reconciler:
     def _schedules(self) -> list[tuple[float, list[Pass]]]:
         r = self.config.reconciler
         return [
-            (r.period_s, [("queue_repair", self._queue_repair), ("idle", self.idle.run)]),
+            (r.period_s, [("queue_repair", self._queue_repair), ("idle", self.idle.run),
+                          ("capacity", self.capacity.run)]),
             (r.sync_period_s, [("status_sync", self.sync.run)]),
             (r.gc_period_s, [("gc", self.gc.run)]),
         ]

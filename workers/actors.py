@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from common.actor_names import actor_name
+from common.capacity import ADMIT_WINDOW, FLEET_PARKS, Capacity, SuspendedBy, Turn
 from common.config import Config, Environment
 from common.guest_client import GuestClient, GuestError
-from common.metrics import LIFECYCLE_LATENCY
+from common.metrics import LIFECYCLE_LATENCY, PARKS
 from common.problem_types import problem_body
-from common.queue import JobContext, JobFailed, RetryLater
+from common.queue import JobContext, JobFailed, JobKind, NewJob, RetryLater, split_session
 from common.routing import GuestRouter
 from common.substrate import (
     Actor,
@@ -31,6 +32,7 @@ from common.substrate import (
     NotFound,
     SubstrateClient,
     SubstrateError,
+    TemplateMismatch,
 )
 
 log = logging.getLogger("atefleet.worker.actors")
@@ -38,9 +40,12 @@ log = logging.getLogger("atefleet.worker.actors")
 #: A guest that answered this recently is used without asking Substrate again (seconds). Safe
 #: because the guest refuses any other session, and a vanished guest makes the caller re-resolve.
 GUEST_TRUST_S = 2.0
-#: Polling bounds (seconds) while waiting for a free Substrate worker.
-CAPACITY_POLL_MIN_S = 0.05
+#: How often a waiting resume looks at its place (s): admitted ones ask Substrate this often,
+#: the others a little less often the further back they stand, up to the maximum.
+CAPACITY_POLL_S = 0.05
 CAPACITY_POLL_MAX_S = 1.0
+#: Principal recorded on the park jobs a waiting resume enqueues.
+PARK_PRINCIPAL = "capacity"
 #: How long to wait for an actor another operation left RESUMING/SUSPENDING, seconds.
 SETTLE_TIMEOUT_S = 60.0
 SETTLE_POLL_S = 0.1
@@ -69,10 +74,16 @@ class RunningGuest:
 class ActorKeeper:
     """Owns the Substrate client, the guest router, and the per-epoch guest cache of a worker."""
 
-    def __init__(self, config: Config, substrate: SubstrateClient, router: GuestRouter) -> None:
+    def __init__(self, config: Config, substrate: SubstrateClient, router: GuestRouter,
+                 capacity: Capacity) -> None:
         self.config = config
         self.substrate = substrate
         self.router = router
+        self.capacity = capacity
+        #: Told how many of this worker's turns wait for a Substrate worker (the Consumer's
+        #: `set_waiting`, wired by workers.main): those turns do not hold its concurrency.
+        self.on_waiting: Callable[[int], None] = lambda turns: None
+        self._waiting = 0
         #: Guests of recently served sessions, least recently used first (bounded, see _remember).
         self._guests: OrderedDict[str, RunningGuest] = OrderedDict()
         self._max_cached = max(64, config.workers.concurrency * 4)
@@ -175,12 +186,14 @@ class ActorKeeper:
         try:
             actor = await self._resume_actor(ctx, env, name)
         except SubstrateError as err:
-            raise _infra(err) from err
+            raise await self._failure(env.atespace, name, err) from err
         await self._bind(ctx, actor)
         took_ms = round((time.monotonic() - started) * 1000, 1)
         cold = not session.get("resumed")
         await ctx.update_session(state="running", actor=name, resumed="1", cold_start="1" if cold else "0",
-                                 last_resume_ms=str(took_ms), last_activity=str(time.time()))
+                                 last_resume_ms=str(took_ms), last_activity=str(time.time()),
+                                 suspended_by="")
+        await self.capacity.resumed(ctx.job.session)
         LIFECYCLE_LATENCY.labels(op="resume_cold" if cold else "resume").observe(took_ms / 1000)
         return {"status": "ok", "cold_start": cold, "duration_ms": took_ms, "actor": name}
 
@@ -192,27 +205,73 @@ class ActorKeeper:
         if actor is None:
             await ctx.update_session(state="new", actor=name)
             actor = await self.substrate.ensure_actor(env.atespace, name, env.template)
+        if actor.status in (ActorStatus.SUSPENDING, ActorStatus.PAUSING):
+            # A suspend that failed midway: Substrate would resume it from the snapshot BEFORE
+            # that suspend (work since then lost), so finish the checkpoint first.
+            actor = await self.substrate.suspend_actor(env.atespace, name)
+            actor = await self._settle(env.atespace, name, actor, want=ActorStatus.SUSPENDED)
         if not actor.running:
             await ctx.update_session(state="resuming", actor=name)
-            actor = await self._resume_when_capacity(env.atespace, name)
+            actor = await self._resume_when_capacity(ctx, env.atespace, name)
         return await self._settle(env.atespace, name, actor, want=ActorStatus.RUNNING)
 
-    async def _resume_when_capacity(self, atespace: str, name: str) -> Actor:
-        """Resume, waiting in place while Substrate has no free worker (up to capacity_wait_s).
+    async def _resume_when_capacity(self, ctx: JobContext, atespace: str, name: str) -> Actor:
+        """Resume; while Substrate has no free worker, wait in the fleet's fair queue (common.capacity)
+        up to capacity_wait_s, parking the session idle longest for each waiter, then fail clearly.
 
-        The lease keeps renewing meanwhile, so the session's order holds; jittered polling lets a
-        freed slot go to whichever waiting session asks first.
+        The lease keeps renewing meanwhile, so the session's order holds. A resume that finds a
+        queue takes its place behind it instead of asking Substrate first: a freed worker goes to
+        the one who waited longest, not to whoever asks next.
         """
+        session = ctx.job.session
         deadline = time.monotonic() + self.config.workers.capacity_wait_s
-        delay_s = CAPACITY_POLL_MIN_S
-        while True:
-            try:
-                return await self.substrate.resume_actor(atespace, name)
-            except NoFreeWorkers:
-                if time.monotonic() + delay_s > deadline:
-                    raise
-                await asyncio.sleep(delay_s * (0.5 + random.random()))
-                delay_s = min(delay_s * 2, CAPACITY_POLL_MAX_S)
+        waiting = await self.capacity.waiting() > 0 and self._wait_begins()
+        try:
+            while True:
+                turn = await self.capacity.turn(session) if waiting else None
+                if turn is not None and turn.park is not None:
+                    await self._request_park(ctx, turn.park)
+                if turn is None or turn.admitted:
+                    try:
+                        return await self.substrate.resume_actor(atespace, name)
+                    except NoFreeWorkers:
+                        if not waiting:
+                            waiting = self._wait_begins()
+                            continue
+                if time.monotonic() > deadline:
+                    raise self._no_capacity(ctx, turn)
+                await asyncio.sleep(_poll_s(turn))
+        finally:
+            if waiting:
+                self._wait_ends()
+                await self.capacity.leave(session)
+
+    def _wait_begins(self) -> bool:
+        self._waiting += 1
+        self.on_waiting(self._waiting)
+        return True
+
+    def _wait_ends(self) -> None:
+        self._waiting -= 1
+        self.on_waiting(self._waiting)
+
+    async def _request_park(self, ctx: JobContext, victim: str) -> None:
+        """Ask `victim` to park, through its own FIFO: a call of it that came first runs first,
+        and the park job re-checks under the lease that the session is still idle."""
+        env, sid = split_session(victim)
+        await ctx.queue.enqueue(NewJob(
+            environment=env, session_id=sid, kind=JobKind.SUSPEND_IF_IDLE, principal=PARK_PRINCIPAL,
+            payload={"reason": str(SuspendedBy.PRESSURE), "for": ctx.job.session}))
+        log.info("pressure park requested", extra={"fields": {"park": victim, "for": ctx.job.session}})
+
+    def _no_capacity(self, ctx: JobContext, turn: Turn | None) -> JobFailed:
+        w = self.config.workers
+        return JobFailed(problem(
+            503, "no_capacity", "No Substrate worker free",
+            f"no Substrate worker became free for session {ctx.job.session_id!r} within capacity_wait_s "
+            f"({w.capacity_wait_s:g} s): every running session was busy, had background processes, or "
+            f"was active within min_idle_s ({w.min_idle_s:g} s); retry later or add workers",
+            position=turn.rank if turn is not None else 0))
 
     async def _settle(self, atespace: str, name: str, actor: Actor, want: ActorStatus) -> Actor:
         """Wait while an operation is in progress (RESUMING/SUSPENDING) until `want` or failure."""
@@ -232,9 +291,13 @@ class ActorKeeper:
         if guest is not None:
             return guest
         if not auto_resume:
-            state = (await ctx.session()).get("state", "new")
-            raise session_not_running(ctx.job.environment, ctx.job.session_id,
-                                      "suspended" if state == "running" else state)
+            # The fleet's own parks (idle, pressure, after an auto_resume call) are woken by the
+            # next call; only a session its client suspended (or never resumed) answers 409.
+            info = await ctx.session()
+            state = info.get("state", "new")
+            if state not in ("suspended", "suspending") or info.get("suspended_by") not in FLEET_PARKS:
+                raise session_not_running(ctx.job.environment, ctx.job.session_id,
+                                          "suspended" if state == "running" else state)
         await self.resume(ctx)
         cached = self._guests[ctx.job.session]
         return cached.guest
@@ -245,8 +308,9 @@ class ActorKeeper:
             return []
         return [dict(p) for p in await guest.list_processes() if p["status"] == "running"]
 
-    async def suspend(self, ctx: JobContext, force: bool) -> dict[str, Any]:
-        """Suspend the actor; refused while background processes run unless `force`."""
+    async def suspend(self, ctx: JobContext, force: bool, by: SuspendedBy) -> dict[str, Any]:
+        """Suspend the actor (`by` is recorded as `suspended_by`); refused while background
+        processes run unless `force`."""
         env = self._env(ctx)
         name = actor_name(env.name, ctx.job.session_id)
         if not force:
@@ -261,14 +325,25 @@ class ActorKeeper:
         try:
             actor = await self._get(env.atespace, name)
             if actor is not None and actor.status is not ActorStatus.SUSPENDED:
-                await ctx.update_session(state="suspending")
+                # Recorded before the call: a worker that dies midway leaves a park the next call
+                # still wakes (and the job's re-run or the reconciler finishes).
+                await ctx.update_session(state="suspending", suspended_by=str(by))
+                if actor.status is ActorStatus.RESUMING:
+                    # Substrate refuses to checkpoint an actor stuck RESUMING until a resume
+                    # succeeds; that resume restores the snapshot the failed one started from.
+                    actor = await self.substrate.resume_actor(env.atespace, name)
+                    await self._settle(env.atespace, name, actor, want=ActorStatus.RUNNING)
                 actor = await self.substrate.suspend_actor(env.atespace, name)
                 await self._settle(env.atespace, name, actor, want=ActorStatus.SUSPENDED)
         except SubstrateError as err:
-            raise _infra(err) from err
+            raise await self._failure(env.atespace, name, err) from err
         took_ms = round((time.monotonic() - started) * 1000, 1)
         LIFECYCLE_LATENCY.labels(op="suspend").observe(took_ms / 1000)
-        await ctx.update_session(state="suspended", last_suspend_ms=str(took_ms), background_processes="[]")
+        await ctx.update_session(state="suspended", last_suspend_ms=str(took_ms), background_processes="[]",
+                                 suspended_by=str(by))
+        await self.capacity.suspended(ctx.job.session, by, ctx.job.id)
+        if by in FLEET_PARKS:
+            PARKS.labels(reason=str(by)).inc()
         return {"status": "ok", "duration_ms": took_ms}
 
     async def destroy(self, ctx: JobContext, keep_snapshot: bool) -> dict[str, Any]:
@@ -276,7 +351,7 @@ class ActorKeeper:
         env = self._env(ctx)
         name = actor_name(env.name, ctx.job.session_id)
         await ctx.update_session(state="destroying")
-        await self.suspend(ctx, force=True)
+        await self.suspend(ctx, force=True, by=SuspendedBy.CLIENT)
         if keep_snapshot:
             actor = await self._get(env.atespace, name)
             where = {"atespace": env.atespace, "actor": name,
@@ -288,9 +363,30 @@ class ActorKeeper:
         except NotFound:
             pass
         except SubstrateError as err:
-            raise _infra(err) from err
+            raise await self._failure(env.atespace, name, err) from err
         await ctx.update_session(state="destroyed", snapshot_kept="0", snapshot="", resumed="0")
         return {"status": "ok", "snapshot_kept": False}
+
+
+    async def _failure(self, atespace: str, name: str, err: SubstrateError) -> Exception:
+        """A failed resume/suspend/delete as a job outcome: configuration problems fail the job,
+        the rest are retried in place. A FAILED_PRECONDITION that left the actor RESUMING or
+        SUSPENDING came from inside the operation (atelet's own codes pass through), not from
+        configuration: retried too, so the operation is repeated (the way out of both)."""
+        if isinstance(err, ConfigurationError) and not isinstance(err, TemplateMismatch):
+            try:
+                actor = await self._get(atespace, name)
+            except RetryLater:
+                actor = None
+            if actor is not None and actor.status in (ActorStatus.RESUMING, ActorStatus.SUSPENDING):
+                return RetryLater(f"substrate: operation failed midway, actor {actor.status.value}: {err}")
+        return _infra(err)
+
+
+def _poll_s(turn: Turn | None) -> float:
+    """How long a waiting resume sleeps before looking again: the further back, the longer."""
+    behind = 0 if turn is None or turn.admitted else turn.rank - ADMIT_WINDOW + 1
+    return min(CAPACITY_POLL_MAX_S, CAPACITY_POLL_S * (1 + behind))
 
 
 def _infra(err: SubstrateError) -> Exception:

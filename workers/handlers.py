@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
+from common.capacity import FLEET_PARKS, SuspendedBy
 from common.config import Config
 from common.guest_client import GuestClient, GuestError, GuestUnavailable, SessionMismatch
 from common.guest_protocol import Limits
@@ -72,21 +73,36 @@ class JobHandlers:
         return await self.actors.resume(ctx)
 
     async def suspend(self, ctx: JobContext) -> dict[str, Any]:
-        return await self.actors.suspend(ctx, force=bool(ctx.job.payload.get("force")))
+        return await self.actors.suspend(ctx, force=bool(ctx.job.payload.get("force")), by=SuspendedBy.CLIENT)
 
     async def destroy(self, ctx: JobContext) -> dict[str, Any]:
         return await self.actors.destroy(ctx, keep_snapshot=bool(ctx.job.payload.get("keep_snapshot")))
 
     async def suspend_if_idle(self, ctx: JobContext) -> dict[str, Any]:
-        """The reconciler's idle suspension, re-checked under the lease: a call that came first wins."""
+        """A park the fleet asked for: the reconciler's idle suspension, or a pressure park a
+        resume waiting for a Substrate worker asked for (payload `reason`). Re-checked under the
+        lease, so a call that came first wins."""
+        by = SuspendedBy(ctx.job.payload.get("reason") or SuspendedBy.IDLE)
+        try:
+            return await self._park(ctx, by)
+        finally:
+            if by is SuspendedBy.PRESSURE:
+                await self.actors.capacity.park_finished(ctx.job.session)
+
+    async def _park(self, ctx: JobContext, by: SuspendedBy) -> dict[str, Any]:
         env = self.config.environment(ctx.job.environment)
         session = await ctx.session()
-        idle_timeout_s = env.idle_timeout_s if env else 0
+        if session.get("state") == "suspending" and session.get("suspended_by") in FLEET_PARKS:
+            # A park whose worker died midway: finish it (the actor may hold a worker still).
+            result = await self.actors.suspend(ctx, force=True, by=SuspendedBy(session["suspended_by"]))
+            return {**result, "status": "ok", "parked": True}
+        idle_after_s = self.config.workers.min_idle_s if by is SuspendedBy.PRESSURE else (
+            env.idle_timeout_s if env else 0)
         last = float(session.get("last_activity") or 0)
         reason = None
         if session.get("state") != "running":
             reason = f"session is {session.get('state', 'new')}"
-        elif not idle_timeout_s or time.time() - last < idle_timeout_s:
+        elif not idle_after_s or time.time() - last < idle_after_s:
             reason = "session was active since the idle check"
         elif await ctx.peek_next_job() is not None:
             reason = "more work is queued"
@@ -94,8 +110,9 @@ class JobHandlers:
             reason = "background processes are running"
         if reason:
             return {"status": "skipped", "reason": reason}
-        result = await self.actors.suspend(ctx, force=True)
-        return {**result, "status": "ok", "idle_suspended": True}
+        result = await self.actors.suspend(ctx, force=True, by=by)
+        return {**result, "status": "ok", "parked": True, "suspended_by": str(by),
+                "idle_suspended": by is SuspendedBy.IDLE}
 
     # -- tool calls ----------------------------------------------------------------------------
 
@@ -120,10 +137,12 @@ class JobHandlers:
         tool, arguments = payload["name"], payload.get("arguments") or {}
         if tool == "process" or (tool == "bash" and arguments.get("background")):
             await self._record_background(ctx, guest)
-        if auto_resume and not await self._next_call_resumes(ctx):
+        if auto_resume and not await self._next_call_resumes(ctx) \
+                and not await self.actors.background_processes(ctx):
             # Seed semantics: resume before, suspend after; skipped when the next queued job
-            # would resume again at once (coalescing saves a snapshot and a restore).
-            await self.actors.suspend(ctx, force=True)
+            # would resume again at once (coalescing saves a snapshot and a restore), and while
+            # background processes run (the session then stays up; idle suspension applies).
+            await self.actors.suspend(ctx, force=True, by=SuspendedBy.AUTO_RESUME)
         return render_result(ToolCall.from_job_payload(payload), result)
 
     async def _record_background(self, ctx: JobContext, guest: GuestClient) -> None:

@@ -15,6 +15,7 @@ import socket
 
 import redis.asyncio as aioredis
 
+from common.capacity import Capacity
 from common.config import Config
 from common.event_loop import run_network_role
 from common.gc_tuning import collect_rarely
@@ -46,11 +47,12 @@ async def serve_worker(config: Config, worker_id: str, metrics_port: int = 0,
     redis = aioredis.Redis.from_url(config.redis.url, max_connections=config.workers.concurrency * 2 + 16,
                                     socket_keepalive=True, health_check_interval=30)
     substrate = make_substrate_client(config, substrate_address(config))
-    actors = ActorKeeper(config, substrate, make_router(config))
+    actors = ActorKeeper(config, substrate, make_router(config), Capacity(redis, config))
     queue = Queue(redis, config)
     handlers = JobHandlers(config, actors, SecretBox(load_key(config.state_dir)))
     consumer = Consumer(queue, worker_id or default_worker_id(), handlers,
                         concurrency=config.workers.concurrency)
+    actors.on_waiting = consumer.set_waiting  # turns waiting for a Substrate worker: see set_waiting
     endpoints = await serve_role_endpoints("0.0.0.0", metrics_port, lambda: True) if metrics_port else None
     log.info("worker started", extra={"fields": {"worker": consumer.worker_id,
                                                   "concurrency": config.workers.concurrency}})

@@ -77,6 +77,8 @@ class Consumer:
         self.stop_grace_s = stop_grace_s
         self.lease_ttl_s = queue.lease_ttl_ms / 1000
         self._turn_tasks: set[asyncio.Task[None]] = set()
+        #: Turns waiting outside the queue's work (see `set_waiting`): not counted as busy.
+        self._waiting = 0
         self._slot_free = asyncio.Event()
         self._stop = asyncio.Event()
         self._done = asyncio.Event()
@@ -149,12 +151,19 @@ class Consumer:
         await _cancel_and_wait(renewer)
         await _cancel_and_wait(listener)
 
+    def set_waiting(self, turns: int) -> None:
+        """`turns` of this worker's turns wait for something only other sessions' jobs can free
+        (a resume waiting for a Substrate worker that a park job frees): they do not count
+        against `concurrency`, so the worker keeps taking sessions, those park jobs among them."""
+        self._waiting = turns
+        self._slot_free.set()
+
     # -- taking sessions -------------------------------------------------------------------------
     async def _read_loop(self) -> None:
         announced = 0  # slots announced and not handed yet, as far as this worker knows
         renew_at = 0.0  # monotonic time to renew the announcement by
         while not self._stop.is_set():
-            free = self.concurrency - len(self._turn_tasks)
+            free = self.concurrency + self._waiting - len(self._turn_tasks)
             now = time.monotonic()
             # Freed slots are announced once half the free ones are unannounced, not one by one:
             # while some are announced, sessions are handed here or to other workers anyway

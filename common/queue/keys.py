@@ -80,6 +80,37 @@ class Keys:
         return f"{self.prefix}work"
 
     @property
+    def running(self) -> str:
+        """Zset session → unix ms it was resumed: sessions whose actor the fleet runs (the
+        candidates pressure parking picks from; see common.capacity)."""
+        return f"{self.prefix}running"
+
+    @property
+    def parked(self) -> str:
+        """Zset session → unix ms the fleet parked it (idle, pressure, auto_resume): a call wakes it."""
+        return f"{self.prefix}parked"
+
+    @property
+    def capacity_wait(self) -> str:
+        """Zset session → unix ms it started waiting for a free Substrate worker (the fair queue)."""
+        return f"{self.prefix}capacity:wait"
+
+    @property
+    def parking(self) -> str:
+        """Zset session → unix ms a pressure park of it was requested (parks in flight)."""
+        return f"{self.prefix}capacity:parking"
+
+    @property
+    def parks(self) -> str:
+        """Zset park job id → unix ms it parked a session (the last minute's, for parks/minute)."""
+        return f"{self.prefix}capacity:parks"
+
+    @property
+    def capacity_workers(self) -> str:
+        """Hash: Substrate workers total/busy/free and when (`at`, unix ms), from ListWorkers."""
+        return f"{self.prefix}capacity:workers"
+
+    @property
     def done_channel(self) -> str:
         """Pub/sub channel: `<job id> <state>[ res|err <json>]` on every terminal transition (JobWaiter)."""
         return f"{self.prefix}ch:done"
@@ -150,6 +181,8 @@ class Keys:
             "K_READY": self.ready, "K_EVENTS": self.events, "K_CALLBACKS": self.callbacks, "K_DLQ": self.dlq,
             "K_DELAYED": self.delayed, "K_ACTIVE": self.active, "K_WORK": self.work,
             "K_IDLE": self.idle, "K_IDLE_UNTIL": self.idle_until,
+            "K_RUNNING": self.running, "K_PARKED": self.parked, "K_CAPACITY_WAIT": self.capacity_wait,
+            "K_PARKING": self.parking,
             "CH_DONE": self.done_channel, "CH_CANCEL": self.cancel_channel,
         }
         lines = [f"local {name} = {_lua_string(value)}\n" for name, value in constants.items()]

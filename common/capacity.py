@@ -1,0 +1,169 @@
+"""Capacity in Redis: which sessions run, which the fleet parked, and the fair wait for a worker.
+
+Substrate has far fewer workers (local slots) than a fleet has sessions. A resume that finds none
+free joins one first-come-first-served queue across all sessions and workers (`capacity:wait`)
+and, through `turn`, picks the running session idle longest to park (pressure parking). The park
+itself is a `suspend_if_idle` job on the victim's own FIFO, so it never overtakes a call of that
+session. Only the first `ADMIT_WINDOW` waiters ask Substrate for a worker; the others keep their
+place. The worker side (`workers.actors`) drives this; the API reads `view` for GET /v1/capacity.
+
+These keys are indexes, not fenced records: every reader tolerates a stale member (the turn
+script drops `running` members whose session is no longer running; `parking` entries lapse).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from importlib import resources
+from typing import Any
+
+from redis.asyncio import Redis
+
+from common.config import Config
+from common.queue.keys import Keys
+from common.queue.models import text
+
+#: Waiters at these first places of the queue ask Substrate for a worker; the rest wait their turn.
+ADMIT_WINDOW = 4
+#: A park requested this long ago and not finished is forgotten (its worker died; queue repair
+#: re-runs the job): longer than a suspend may take (Substrate's lifecycle deadline).
+PARK_LAPSE_MS = 60_000
+#: Parks per minute are counted over this window.
+PARK_RATE_WINDOW_MS = 60_000
+
+
+class SuspendedBy(StrEnum):
+    """Who suspended a session (the session's `suspended_by`). Only a client's suspend makes a
+    later call without `auto_resume` answer 409; the fleet's own parks are woken by the call."""
+
+    CLIENT = "client"
+    AUTO_RESUME = "auto_resume"
+    IDLE = "idle"
+    PRESSURE = "pressure"
+
+
+#: The fleet's own parks: invisible to clients except in latency.
+FLEET_PARKS = frozenset({SuspendedBy.AUTO_RESUME, SuspendedBy.IDLE, SuspendedBy.PRESSURE})
+
+
+@dataclass(frozen=True)
+class Turn:
+    """Where a waiting resume stands: its place (0 = first) and a session it should park now."""
+
+    rank: int
+    park: str | None
+
+    @property
+    def admitted(self) -> bool:
+        return self.rank < ADMIT_WINDOW
+
+
+def _script_source(keys: Keys) -> str:
+    body = resources.files("common").joinpath("lua", "capacity_turn.lua").read_text()
+    return keys.lua_prelude() + body
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Capacity:
+    """The capacity indexes of one fleet (one Redis, one prefix)."""
+
+    def __init__(self, redis: Redis, config: Config) -> None:
+        self.redis = redis
+        self.config = config
+        self.keys = Keys(config.redis_prefix)
+        self._turn = redis.register_script(_script_source(self.keys))
+        self._background_ok = [e.name for e in config.environments if e.suspend_with_background]
+
+    async def waiting(self) -> int:
+        """Resumes waiting for a worker now, fleet-wide."""
+        return int(await self.redis.zcard(self.keys.capacity_wait))
+
+    async def turn(self, session: str) -> Turn:
+        """Join the wait queue (or keep the place), and maybe get a session to park (see the script)."""
+        rank, park = await self._turn(args=[
+            session, now_ms(), int(self.config.workers.min_idle_s * 1000), PARK_LAPSE_MS,
+            *self._background_ok])
+        return Turn(int(rank), text(park) or None)
+
+    async def position(self, session: str) -> tuple[int, float] | None:
+        """(place in the wait queue, unix s it started waiting), or None when it does not wait."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zrank(self.keys.capacity_wait, session)
+            pipe.zscore(self.keys.capacity_wait, session)
+            rank, since = await pipe.execute()
+        return None if rank is None else (int(rank), float(since) / 1000)
+
+    async def leave(self, session: str) -> None:
+        await self.redis.zrem(self.keys.capacity_wait, session)
+
+    async def resumed(self, session: str) -> None:
+        """The session's actor runs: a park candidate from now on; no longer waiting or parked."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(self.keys.running, {session: now_ms()})
+            pipe.zrem(self.keys.parked, session)
+            pipe.zrem(self.keys.capacity_wait, session)
+            await pipe.execute()
+
+    async def suspended(self, session: str, by: SuspendedBy, job_id: str) -> None:
+        """The session's actor was suspended by `by` (a fleet park is counted and woken by a call)."""
+        now = now_ms()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zrem(self.keys.running, session)
+            if by in FLEET_PARKS:
+                pipe.zadd(self.keys.parked, {session: now})
+                pipe.zadd(self.keys.parks, {job_id: now})
+                pipe.zremrangebyscore(self.keys.parks, "-inf", now - PARK_RATE_WINDOW_MS)
+            else:
+                pipe.zrem(self.keys.parked, session)
+            await pipe.execute()
+
+    async def park_finished(self, session: str) -> None:
+        """A pressure park of `session` ended (parked or declined): no longer in flight."""
+        await self.redis.zrem(self.keys.parking, session)
+
+    async def forget(self, *sessions: str) -> None:
+        """Sessions that are not parked (the reconciler's pass, after a drift or destroy)."""
+        if sessions:
+            await self.redis.zrem(self.keys.parked, *sessions)
+
+    async def publish_workers(self, total: int, busy: int) -> None:
+        """Substrate's workers as ListWorkers last showed them (the reconciler's leader)."""
+        await self.redis.hset(self.keys.capacity_workers, mapping={  # type: ignore[misc]
+            "total": total, "busy": busy, "at": now_ms()})
+
+    async def view(self) -> dict[str, Any]:
+        """The GET /v1/capacity body (see docs/architecture.md, "Capacity")."""
+        now = now_ms()
+        k = self.keys
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(k.capacity_workers)
+            pipe.zcard(k.running)
+            pipe.zcard(k.parked)
+            pipe.zcard(k.capacity_wait)
+            pipe.zrange(k.capacity_wait, 0, 0, withscores=True)
+            pipe.zcard(k.parking)
+            pipe.zcount(k.parks, now - PARK_RATE_WINDOW_MS, "+inf")
+            workers_raw, running, parked, waiting, oldest, parking, parks = await pipe.execute()
+        workers = {text(a): int(text(b)) for a, b in workers_raw.items()}
+        total, busy = workers.get("total"), workers.get("busy")
+        return {
+            "workers": {
+                "total": total, "busy": busy,
+                "free": None if total is None or busy is None else max(total - busy, 0),
+                "observed_at_ms": workers.get("at"),
+            },
+            "sessions": {"running": int(running), "parked": int(parked), "waiting": int(waiting)},
+            "wait_queue": {
+                "length": int(waiting),
+                "oldest_wait_s": round((now - oldest[0][1]) / 1000, 3) if oldest else 0.0,
+                "admit_window": ADMIT_WINDOW,
+            },
+            "parks": {"in_flight": int(parking), "per_minute": int(parks)},
+            "min_idle_s": self.config.workers.min_idle_s,
+            "capacity_wait_s": self.config.workers.capacity_wait_s,
+        }

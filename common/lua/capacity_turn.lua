@@ -1,0 +1,38 @@
+-- capacity_turn.lua: a resume that found no free Substrate worker takes (or keeps) its place in
+-- the fair wait queue and, while fewer parks are in flight than sessions waiting up to and
+-- including it, picks the running session idle longest to park: no job queued or running, no
+-- owner, idle at least the minimum, and no background process unless its environment allows
+-- suspending them. The pick is marked in flight, so no other waiter picks it too.
+--
+-- ARGV[1] waiting session   ARGV[2] now_ms   ARGV[3] minimum idle ms
+-- ARGV[4] ms after which a park in flight is forgotten (its job died with its worker and is
+--         re-run by queue repair; the waiter may pick another)
+-- ARGV[5..] environments whose sessions may be parked while background processes run
+-- Returns {rank (0 = first in line), session to park or ''}
+-- Touches: capacity:wait, capacity:parking, running; reads sess:{s}, lease:{s}, sq:{s} of the
+-- running sessions (as many as Substrate has workers busy).
+
+local me, now = ARGV[1], tonumber(ARGV[2])
+redis.call('ZADD', K_CAPACITY_WAIT, 'NX', now, me)
+local rank = redis.call('ZRANK', K_CAPACITY_WAIT, me)
+redis.call('ZREMRANGEBYSCORE', K_PARKING, '-inf', now - tonumber(ARGV[4]))
+if redis.call('ZCARD', K_PARKING) > rank then return {rank, ''} end
+local background_ok = {}
+for i = 5, #ARGV do background_ok[ARGV[i]] = true end
+local min_idle = tonumber(ARGV[3])
+local best, best_at = '', nil
+for _, s in ipairs(redis.call('ZRANGE', K_RUNNING, 0, -1)) do
+  local f = redis.call('HMGET', sess_key(s), 'state', 'last_activity', 'background_processes')
+  if f[1] ~= 'running' then
+    redis.call('ZREM', K_RUNNING, s)
+  elseif not redis.call('ZSCORE', K_PARKING, s) and redis.call('EXISTS', lease_key(s)) == 0
+      and redis.call('LLEN', fifo_key(s)) == 0 then
+    local last = (tonumber(f[2]) or 0) * 1000
+    local quiet = not f[3] or f[3] == '' or f[3] == '[]' or background_ok[string.match(s, '^[^/]+')]
+    if quiet and now - last >= min_idle and (best_at == nil or last < best_at) then
+      best, best_at = s, last
+    end
+  end
+end
+if best ~= '' then redis.call('ZADD', K_PARKING, now, best) end
+return {rank, best}

@@ -1,0 +1,137 @@
+"""Many more sessions than Substrate slots, through the real fleet: pressure parking, wake on call,
+who suspended a session, background processes after auto_resume, and GET /v1/capacity."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import RunningFleet, base_config, free_port, start_fleet
+
+SLOTS = 3
+
+
+@pytest.fixture(scope="module")
+def small_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningFleet]:
+    """A fleet with few slots and the shipped capacity defaults (min_idle_s, capacity_wait_s)."""
+    tmp = tmp_path_factory.mktemp("overcommit")
+    cfg = base_config(tmp, free_port())
+    cfg["local_substrate"]["slots"] = SLOTS
+    cfg["workers"] = {"processes": 1, "lease_ttl_s": 3}
+    running = start_fleet(tmp, cfg)
+    yield running
+    running.stop()
+
+
+def _call(name: str, call_id: str = "c1", **arguments: Any) -> dict[str, Any]:
+    return {"call_id": call_id, "type": "function_call",
+            "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+
+def _base(sid: str) -> str:
+    return f"/v1/environments/my-env/sessions/{sid}"
+
+
+def _view(c: httpx.Client, sid: str) -> dict[str, Any]:
+    r = c.get(_base(sid))
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def test_resumes_past_the_slots_park_idle_sessions_and_calls_wake_them(small_fleet: RunningFleet) -> None:
+    sids = [f"oc-{uuid.uuid4().hex[:8]}-{i}" for i in range(SLOTS * 2 + 1)]
+    with small_fleet.client() as c:
+        # given every session resumed one after another (more than there are slots), each writing a file
+        for sid in sids:
+            r = c.post(f"{_base(sid)}/resume")
+            assert r.status_code == 200, r.text
+            r = c.post(_base(sid), json=_call("write_file", path="mark.txt", content=f"first {sid}"))
+            assert r.status_code == 200 and "error" not in r.json()["output"].lower(), r.text
+        # then the earliest sessions were parked by pressure, not by their client
+        parked = [sid for sid in sids if _view(c, sid)["state"] == "suspended"]
+        assert len(parked) >= len(sids) - SLOTS
+        assert {_view(c, sid)["suspended_by"] for sid in parked} == {"pressure"}
+        # when each session gets calls again without auto_resume, then each wakes with its file intact
+        for sid in sids:
+            r = c.post(_base(sid), json=_call("read_file", path="mark.txt"))
+            assert r.status_code == 200, r.text
+            assert f"first {sid}" in r.json()["output"]
+        # and capacity shows the slots, the parks, and nobody left waiting
+        cap = c.get("/v1/capacity").json()
+        assert cap["parks"]["per_minute"] >= len(sids)
+        assert cap["sessions"]["waiting"] == 0 and cap["wait_queue"]["length"] == 0
+        assert cap["sessions"]["running"] <= SLOTS
+
+
+def test_concurrent_sessions_beyond_slots_keep_order_and_files(small_fleet: RunningFleet) -> None:
+    # given many sessions at once on few slots, each appending to a counter file call after call
+    sids = [f"cc-{uuid.uuid4().hex[:8]}-{i}" for i in range(SLOTS * 4)]
+
+    def agent(sid: str) -> list[str]:
+        with small_fleet.client() as c:
+            assert c.post(f"{_base(sid)}/resume").status_code == 200
+            outs = []
+            for n in range(4):
+                command = f"echo {n} >> counter; tr '\\n' ' ' < counter"
+                r = c.post(_base(sid), json=_call("bash", command=command))
+                assert r.status_code == 200, r.text
+                outs.append(r.json()["output"].strip())
+            return outs
+
+    with ThreadPoolExecutor(len(sids)) as pool:
+        results = list(pool.map(agent, sids))
+    # then every session saw its own counter grow one line per call, none lost across parks
+    for outs in results:
+        assert outs == ["0", "0 1", "0 1 2", "0 1 2 3"]
+
+
+def test_client_suspend_answers_409_and_fleet_parks_wake(small_fleet: RunningFleet) -> None:
+    sid = f"cs-{uuid.uuid4().hex[:8]}"
+    with small_fleet.client() as c:
+        assert c.post(f"{_base(sid)}/resume").status_code == 200
+        # when its client suspends it, then a call without auto_resume is refused as before
+        assert c.post(f"{_base(sid)}/suspend").status_code == 200
+        assert _view(c, sid)["suspended_by"] == "client"
+        r = c.post(_base(sid), json=_call("bash", command="true"))
+        assert r.status_code == 409 and r.json()["type"].endswith("session_not_running"), r.text
+        # when a call with auto_resume runs, then the fleet parks it after, and the next plain call wakes it
+        r = c.post(_base(sid), json={**_call("bash", command="echo hi > f"), "auto_resume": True})
+        assert r.status_code == 200, r.text
+        assert _view(c, sid)["suspended_by"] == "auto_resume"
+        r = c.post(_base(sid), json=_call("read_file", path="f"))
+        assert r.status_code == 200 and r.json()["output"].strip() == "hi", r.text
+        assert _view(c, sid)["state"] == "running"
+
+
+def test_background_process_of_an_auto_resume_call_survives_it(small_fleet: RunningFleet) -> None:
+    sid = f"bg-{uuid.uuid4().hex[:8]}"
+    with small_fleet.client() as c:
+        # when an auto_resume call starts a background process
+        call = _call("bash", command="sleep 60", background=True)
+        r = c.post(_base(sid), json={**call, "auto_resume": True})
+        assert r.status_code == 200, r.text
+        # then the session stays running with the process tracked, and the next call sees it alive
+        view = _view(c, sid)
+        assert view["state"] == "running" and len(view["background_processes"]) == 1
+        r = c.post(_base(sid), json={**_call("bash", command="pgrep -c sleep"), "auto_resume": True})
+        assert r.status_code == 200 and r.json()["output"].strip() == "1", r.text
+        assert _view(c, sid)["state"] == "running"
+        # (clean up: a forced suspend frees the slot for the other tests)
+        assert c.post(f"{_base(sid)}/suspend", params={"force": "true"}).status_code == 200
+
+
+def test_capacity_shape(small_fleet: RunningFleet) -> None:
+    with small_fleet.client() as c:
+        r = c.get("/v1/capacity")
+    assert r.status_code == 200, r.text
+    cap = r.json()
+    assert set(cap) >= {"workers", "sessions", "wait_queue", "parks", "min_idle_s", "capacity_wait_s"}
+    assert set(cap["workers"]) == {"total", "busy", "free", "observed_at_ms"}
+    assert set(cap["sessions"]) == {"running", "parked", "waiting"}
+    assert cap["workers"]["total"] in (None, SLOTS)
