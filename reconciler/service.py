@@ -3,7 +3,7 @@
 Every instance waits to lead (`reconciler.leader`); the leader runs each pass on its own period
 until it stops or loses the lease, then competes again:
 
-- queue repair then idle, every `period_s`;
+- queue repair, idle, then the fleet statistics (`common.fleet_stats`), every `period_s`;
 - status sync with Substrate, every `sync_period_s`;
 - garbage collection, every `gc_period_s`.
 
@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 import redis.asyncio as aioredis
 
 from common.config import Config
+from common.fleet_stats import StatsPass
 from common.queue import Queue
 from common.substrate import SubstrateClient
 from reconciler.capacity_pass import CapacityPass
@@ -54,6 +55,7 @@ class Reconciler:
         self.capacity = CapacityPass(config, redis, substrate)
         self.sync = StatusSync(config, self.store, substrate, self.leader)
         self.gc = GcPass(config, self.queue, self.store)
+        self.stats = StatsPass(config, redis, self.queue.keys)
 
     async def _queue_repair(self, report: PassReport) -> None:
         await queue_repair_pass(self.queue, report)
@@ -62,7 +64,7 @@ class Reconciler:
         r = self.config.reconciler
         return [
             (r.period_s, [("queue_repair", self._queue_repair), ("idle", self.idle.run),
-                          ("capacity", self.capacity.run)]),
+                          ("fleet_stats", self.stats.run), ("capacity", self.capacity.run)]),
             (r.sync_period_s, [("status_sync", self.sync.run)]),
             (r.gc_period_s, [("gc", self.gc.run)]),
         ]

@@ -170,6 +170,34 @@ class Keys:
         """Zset (all scores 0) of the environment's session ids, for listing by lexical cursor."""
         return f"{self.prefix}sessions:{environment}"
 
+    # -- fleet statistics (common/fleet_stats.py, folded from `events` by the reconciler) --------
+    def stats_second(self, unix_s: int) -> str:
+        """Hash, TTL'd: one second's counters (jobs by end state, latency histogram, drifts)."""
+        return f"{self.prefix}stats:s:{unix_s}"
+
+    @property
+    def stats_cursor(self) -> str:
+        """String: the id of the last `events` entry folded into the counters."""
+        return f"{self.prefix}stats:cursor"
+
+    @property
+    def stats_sessions(self) -> str:
+        """Hash: session count by state (and `at`, unix ms), refreshed by the stats pass."""
+        return f"{self.prefix}stats:sessions"
+
+    @property
+    def recent_jobs(self) -> str:
+        """Zset job id → enqueue ms: the fleet's most recent jobs (capped), for job search."""
+        return f"{self.prefix}stats:jobs"
+
+    def session_jobs(self, session: str) -> str:
+        """Zset job id → enqueue ms: the session's most recent jobs (capped, TTL'd)."""
+        return f"{self.prefix}stats:sjobs:{{{session}}}"
+
+    def session_drifts(self, session: str) -> str:
+        """List, capped and TTL'd: the session's drift events (JSON), newest first."""
+        return f"{self.prefix}stats:drifts:{{{session}}}"
+
     def lua_prelude(self) -> str:
         """Lua: the fleet-wide key names as constants and builders for per-session/per-job names.
 

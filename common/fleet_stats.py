@@ -1,0 +1,256 @@
+"""The fleet's own recent history, kept in Redis for the operator UI: per-second counters and indexes.
+
+Nothing on the request path writes these. The reconciler leader folds the `events` stream (which
+every job state change and drift already goes to) into them once per period (`StatsPass`):
+
+- `stats:s:{second}`: jobs ended that second by state (`succeeded`, `failed`, `cancelled`),
+  enqueued (`queued`, first attempts only), drifts (`drift`), and a latency histogram of the ended
+  jobs (`l{bucket}`: enqueue → end, read from the job id's creation time); kept `WINDOW_S` + slack;
+- `stats:jobs` and `stats:sjobs:{session}`: the most recent job ids fleet-wide and per session
+  (job search and a session's timeline without scanning the keyspace), capped;
+- `stats:drifts:{session}`: a session's drift events, capped;
+- `stats:sessions`: sessions by state, recounted every `SESSION_COUNT_PERIOD_S` over at most
+  `SESSION_COUNT_MAX` sessions.
+
+`FleetStats` reads them back as chart series. A pass reads at most `FOLD_MAX` events; a fleet
+producing more than that per period catches up over the next ones (the charts lag, nothing is lost
+while the entries are still in the stream).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from redis.asyncio import Redis
+
+from common.config import Config
+from common.queue.keys import Keys
+from common.queue.models import text
+from common.queue.queue import job_id_created_s
+
+#: Seconds of history the charts show (15 minutes).
+WINDOW_S = 900
+#: A second's counters live this long (s): the window plus slack for a lagging reader.
+SECOND_TTL_S = WINDOW_S + 120
+#: Events folded per pass at most.
+FOLD_MAX = 50_000
+#: Job ids kept in the fleet-wide recent index, and per session.
+RECENT_JOBS_MAX = 10_000
+SESSION_JOBS_MAX = 200
+#: Drift events kept per session.
+SESSION_DRIFTS_MAX = 50
+#: Per-session indexes expire this long (s) after their last write (as long as jobs are kept at most).
+SESSION_INDEX_TTL_S = 86_400
+#: Sessions by state are recounted this often (s), over at most this many sessions.
+SESSION_COUNT_PERIOD_S = 15.0
+SESSION_COUNT_MAX = 100_000
+#: Histogram buckets per doubling of latency: bucket b holds latencies up to 2**(b/4) ms (~19% wide).
+BUCKETS_PER_DOUBLING = 4
+
+_TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def latency_bucket(latency_ms: float) -> int:
+    """The histogram bucket of a latency: the smallest b with latency ≤ 2**(b/4) ms (0 below 1 ms)."""
+    if latency_ms <= 1:
+        return 0
+    return math.ceil(math.log2(latency_ms) * BUCKETS_PER_DOUBLING)
+
+
+def bucket_upper_ms(bucket: int) -> float:
+    return float(2 ** (bucket / BUCKETS_PER_DOUBLING))
+
+
+def quantile_ms(histogram: Mapping[int, int], q: float) -> float | None:
+    """The q-quantile of a bucket histogram, as its bucket's upper bound; None when empty."""
+    total = sum(histogram.values())
+    if total == 0:
+        return None
+    rank, seen = q * total, 0
+    for bucket in sorted(histogram):
+        seen += histogram[bucket]
+        if seen >= rank:
+            return bucket_upper_ms(bucket)
+    return bucket_upper_ms(max(histogram))
+
+
+@dataclass
+class Fold:
+    """What a batch of `events` entries adds: counters by second, job ids by session, drifts."""
+
+    seconds: defaultdict[int, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    jobs: dict[str, int] = field(default_factory=dict)
+    session_jobs: defaultdict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
+    drifts: defaultdict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+
+    def add(self, fields: Mapping[str, str]) -> None:
+        ts_ms = int(fields.get("ts_ms") or 0)
+        second = ts_ms // 1000
+        if "drift" in fields:
+            self.seconds[second]["drift"] += 1
+            if "session" in fields:
+                self.drifts[fields["session"]].append(json.dumps(
+                    {"ts_ms": ts_ms, "drift": fields["drift"], "detail": fields.get("detail", "")}))
+            return
+        jid, session, state = fields.get("job"), fields.get("session"), fields.get("state")
+        if not jid or not session or not state:
+            return
+        created_s = job_id_created_s(jid)
+        created_ms = int(created_s * 1000) if created_s is not None else ts_ms
+        if state == "queued" and jid not in self.jobs:
+            self.jobs[jid] = created_ms
+            self.session_jobs[session][jid] = created_ms
+            if ts_ms - created_ms < 1000:  # a retry's re-queue is not a new job
+                self.seconds[second]["queued"] += 1
+        elif state in _TERMINAL:
+            counter = self.seconds[second]
+            counter[state] += 1
+            counter[f"l{latency_bucket(ts_ms - created_ms)}"] += 1
+
+
+def fold(entries: Iterable[Mapping[str, str]]) -> Fold:
+    result = Fold()
+    for fields in entries:
+        result.add(fields)
+    return result
+
+
+@dataclass(frozen=True)
+class Point:
+    """One chart point: jobs ended per second and their latency over `step_s` seconds from `t`."""
+
+    t: int
+    calls_per_s: float
+    failed_per_s: float
+    enqueued_per_s: float
+    p50_ms: float | None
+    p99_ms: float | None
+    drifts: int
+
+
+class FleetStats:
+    """Reads the counters back (the API) and folds new events into them (the reconciler)."""
+
+    def __init__(self, redis: Redis, keys: Keys) -> None:
+        self.redis = redis
+        self.keys = keys
+
+    async def series(self, now_s: float | None = None, window_s: int = WINDOW_S,
+                     step_s: int = 10) -> list[Point]:
+        """Points every `step_s` over the last `window_s` seconds, oldest first (complete seconds only)."""
+        end = int(now_s if now_s is not None else time.time())
+        start = end - window_s
+        pipe = self.redis.pipeline(transaction=False)
+        for second in range(start, end):
+            pipe.hgetall(self.keys.stats_second(second))
+        seconds = await pipe.execute()
+        return [_point(start + i, step_s, seconds[i:i + step_s]) for i in range(0, window_s, step_s)]
+
+    async def sessions_by_state(self) -> dict[str, int]:
+        raw = await self.redis.hgetall(self.keys.stats_sessions)  # type: ignore[misc]
+        return {text(k): int(v) for k, v in raw.items() if text(k) != "at"}
+
+    async def recent_jobs(self, before_ms: int | None, limit: int) -> list[str]:
+        """Job ids of the recent index, newest first, enqueued strictly before `before_ms`."""
+        high = f"({before_ms}" if before_ms is not None else "+inf"
+        raw = await self.redis.zrevrangebyscore(self.keys.recent_jobs, high, "-inf", start=0, num=limit)
+        return [text(j) for j in raw]
+
+    async def session_jobs(self, session: str, limit: int) -> list[str]:
+        raw = await self.redis.zrevrange(self.keys.session_jobs(session), 0, limit - 1)
+        return [text(j) for j in raw]
+
+    async def session_drifts(self, session: str, limit: int) -> list[dict[str, Any]]:
+        raw = await self.redis.lrange(self.keys.session_drifts(session), 0, limit - 1)  # type: ignore[misc]
+        return [json.loads(text(x)) for x in raw]
+
+
+def _point(t: int, step_s: int, seconds: Sequence[Mapping[Any, Any]]) -> Point:
+    totals: Counter[str] = Counter()
+    histogram: Counter[int] = Counter()
+    for raw in seconds:
+        for k, v in raw.items():
+            name, count = text(k), int(v)
+            if name.startswith("l"):
+                histogram[int(name[1:])] += count
+            else:
+                totals[name] += count
+    ended = sum(totals[s] for s in _TERMINAL)
+    return Point(t=t, calls_per_s=ended / step_s, failed_per_s=totals["failed"] / step_s,
+                 enqueued_per_s=totals["queued"] / step_s, p50_ms=quantile_ms(histogram, 0.5),
+                 p99_ms=quantile_ms(histogram, 0.99), drifts=totals["drift"])
+
+
+class Examined(Protocol):
+    """What a pass reports (the reconciler's PassReport)."""
+
+    examined: int
+
+
+class StatsPass:
+    """The reconciler pass that folds new `events` entries into the counters and indexes."""
+
+    def __init__(self, config: Config, redis: Redis, keys: Keys) -> None:
+        self.config = config
+        self.redis = redis
+        self.keys = keys
+        self._counted_at = 0.0
+
+    async def run(self, report: Examined) -> None:
+        """Fold what `events` gained since the last pass; recount sessions when due."""
+        cursor = text(await self.redis.get(self.keys.stats_cursor) or b"0-0")
+        entries = await self.redis.xrange(self.keys.events, min=f"({cursor}", count=FOLD_MAX)
+        report.examined += len(entries)
+        if entries:
+            await self._write(fold({text(k): text(v) for k, v in f.items()} for _, f in entries),
+                              text(entries[-1][0]))
+        if time.monotonic() - self._counted_at >= SESSION_COUNT_PERIOD_S:
+            await self._count_sessions()
+            self._counted_at = time.monotonic()
+
+    async def _write(self, folded: Fold, cursor: str) -> None:
+        k = self.keys
+        pipe = self.redis.pipeline(transaction=False)
+        for second, counter in folded.seconds.items():
+            key = k.stats_second(second)
+            for name, n in counter.items():
+                pipe.hincrby(key, name, n)
+            pipe.expire(key, SECOND_TTL_S)
+        if folded.jobs:
+            pipe.zadd(k.recent_jobs, folded.jobs)
+            pipe.zremrangebyrank(k.recent_jobs, 0, -RECENT_JOBS_MAX - 1)
+        for session, jobs in folded.session_jobs.items():
+            key = k.session_jobs(session)
+            pipe.zadd(key, jobs)
+            pipe.zremrangebyrank(key, 0, -SESSION_JOBS_MAX - 1)
+            pipe.expire(key, SESSION_INDEX_TTL_S)
+        for session, drifts in folded.drifts.items():
+            key = k.session_drifts(session)
+            pipe.lpush(key, *drifts)
+            pipe.ltrim(key, 0, SESSION_DRIFTS_MAX - 1)
+            pipe.expire(key, SESSION_INDEX_TTL_S)
+        pipe.set(k.stats_cursor, cursor)
+        await pipe.execute()
+
+    async def _count_sessions(self) -> None:
+        counts: Counter[str] = Counter()
+        budget = SESSION_COUNT_MAX
+        for env in self.config.environments:
+            ids = await self.redis.zrange(self.keys.session_index(env.name), 0, budget - 1)
+            budget -= len(ids)
+            pipe = self.redis.pipeline(transaction=False)
+            for sid in ids:
+                pipe.hget(self.keys.session(f"{env.name}/{text(sid)}"), "state")
+            counts.update(text(s) if s else "new" for s in await pipe.execute())
+            if budget <= 0:
+                break
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.delete(self.keys.stats_sessions)
+        pipe.hset(self.keys.stats_sessions, mapping={**counts, "at": int(time.time() * 1000)})
+        await pipe.execute()
