@@ -7,6 +7,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MANIFESTS="${ROOT}/manifests"
 NAMESPACE="atefleet"
 SECRET="atefleet-secrets"
+# The off-GCP pause image Substrate's ActorTemplate CRD names (the sandbox's root container; the
+# CRD requires it digest-pinned, as changing it invalidates snapshots).
+PAUSE_IMAGE="${ATE_ENV_PAUSE_IMAGE:-registry.k8s.io/pause:3.10.2@sha256:f548e0e8e3dc1896ca956272154dde3314e8cc4fde0a57577ee9fa1c63f5baf4}"
+[[ "${PAUSE_IMAGE}" == *@sha256:* ]] || { echo "error: ATE_ENV_PAUSE_IMAGE must be digest-pinned (name@sha256:...): ${PAUSE_IMAGE}" >&2; exit 1; }
 
 if [[ -n "${GOOGLE_PROJECT_ID:-}" && -z "${ATE_ENV_IMAGE_REPO:-}" ]]; then
   ATE_ENV_IMAGE_REPO="gcr.io/${GOOGLE_PROJECT_ID}"
@@ -31,6 +35,8 @@ Environment variables:
   ATE_ENV_GUEST_IMAGE         Prebuilt digest-pinned guest image (skips building Dockerfile.guest)
   ATEOM_IMAGE                 Substrate's worker (ateom) image for workerpool.yaml; unset: the pool is not created
   ATE_ENV_SNAPSHOT_LOCATION   Snapshot prefix for actortemplate.yaml (e.g. gs://bucket/atefleet/); unset: the template is not created
+  ATE_ENV_PAUSE_IMAGE         Digest-pinned pause image for actortemplate.yaml (default: registry.k8s.io's pause 3.10.2;
+                              on GKE Substrate's CRD names gcr.io/gke-release/pause@sha256:...)
   ATE_ENV_EXTERNAL_REDIS_URL  Use this Redis instead of deploying redis.yaml (only when the Secret is created)
   KUBECTL_CONTEXT             kubectl context (default: the current one)
   ATE_ENV_WAIT_TIMEOUT        Rollout wait timeout (default 5m)
@@ -81,6 +87,7 @@ render() {
       -e "s|\${GUEST_IMAGE}|${GUEST_IMAGE}|g" \
       -e "s|\${ATEOM_IMAGE}|${ATEOM_IMAGE:-}|g" \
       -e "s|\${SNAPSHOT_LOCATION}|${ATE_ENV_SNAPSHOT_LOCATION:-}|g" \
+      -e "s|\${PAUSE_IMAGE}|${PAUSE_IMAGE}|g" \
       "${MANIFESTS}/$1"
 }
 

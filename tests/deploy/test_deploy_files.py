@@ -44,8 +44,9 @@ KNOWN_PORTS: dict[int, str] = {
 FILES_WITH_PORTS = {"docker-compose.yml", "api.yaml", "worker.yaml", "redis.yaml", "actortemplate.yaml"}
 
 #: Images a deployment file may name: install.sh placeholders for our two Dockerfiles, the compose
-#: tag of the fleet image, Redis, and Substrate's own worker image.
-KNOWN_IMAGES = {"${FLEET_IMAGE}", "${GUEST_IMAGE}", "atefleet:latest", "redis:7", "${ATEOM_IMAGE}"}
+#: tag of the fleet image, Redis, and Substrate's own worker and pause images.
+KNOWN_IMAGES = {"${FLEET_IMAGE}", "${GUEST_IMAGE}", "atefleet:latest", "redis:7", "${ATEOM_IMAGE}",
+                "${PAUSE_IMAGE}"}
 
 #: Runs the CLI's entry point (the console script may not be on PATH in the test environment).
 RUN_CLI = "import sys; from atefleet.cli import main; sys.exit(main())"
@@ -394,7 +395,7 @@ def test_guest_serves_port_80_with_readyz_everywhere() -> None:
 def _images(node: Any) -> Iterator[str]:
     if isinstance(node, dict):
         for k, v in node.items():
-            if k in ("image", "ateomImage") and isinstance(v, str):
+            if k in ("image", "ateomImage", "pauseImage") and isinstance(v, str):
                 yield v
             else:
                 yield from _images(v)
