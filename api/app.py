@@ -18,18 +18,25 @@ from api.auth import Authenticator
 from api.body_limit import BodyLimitMiddleware
 from api.fleet import Fleet
 from api.hot_path import HotPath
+from api.policy import Policies
 from api.problems import install_problem_handlers
+from api.quotas import StreamSlots
 from api.rate_limit import RateLimiter
+from api.routes_audit import router as audit_router
 from api.routes_capacity import router as capacity_router
 from api.routes_jobs import router as jobs_router
 from api.routes_meta import router as meta_router
 from api.routes_sessions import router as sessions_router
+from common.audit import AuditLog
 from common.config import Config
 from common.queue import JobWaiter, Queue
 from common.secret_box import SecretBox, load_key
 
 #: Connections per API process; sync waiters do not hold one (they share the pub/sub).
 REDIS_POOL_SIZE = 256
+#: Connections per API process for blocking stream reads (SSE), a pool apart so that open
+#: streams cannot take the connections every other request needs; past it a stream is a 503.
+STREAM_POOL_SIZE = 1024
 
 
 def create_app(config: Config, redis_url: str | None = None) -> ASGIApp:
@@ -43,16 +50,25 @@ def create_app(config: Config, redis_url: str | None = None) -> ASGIApp:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         redis = aioredis.Redis.from_url(url, max_connections=REDIS_POOL_SIZE,
                                         health_check_interval=30, socket_keepalive=True)
+        stream_redis = aioredis.Redis.from_url(url, max_connections=STREAM_POOL_SIZE,
+                                               health_check_interval=30, socket_keepalive=True)
         queue = Queue(redis, config)
         waiter = JobWaiter(queue)
         waiter.start()  # subscribed before the first sync call, which then needs no record read
+        stream_queue = Queue(stream_redis, config)
+        audit = AuditLog(redis, queue.keys, config.audit)
+        audit.start()
         app.state.fleet = Fleet(config=config, redis=redis, queue=queue, waiter=waiter,
                                 auth=Authenticator(config), limiter=RateLimiter(config.api),
-                                secret_box=SecretBox(load_key(config.state_dir)))
+                                secret_box=SecretBox(load_key(config.state_dir)), audit=audit,
+                                policies=Policies(config), streams=StreamSlots(), stream_queue=stream_queue)
         try:
             yield
         finally:
             await waiter.close()
+            await audit.aclose()
+            await stream_queue.aclose()
+            await stream_redis.aclose()
             await queue.aclose()
             await redis.aclose()
 
@@ -62,6 +78,7 @@ def create_app(config: Config, redis_url: str | None = None) -> ASGIApp:
     # Routes are matched in this order: the most used first.
     app.include_router(sessions_router)
     app.include_router(jobs_router)
+    app.include_router(audit_router)
     app.include_router(meta_router)
     app.include_router(capacity_router)
     return BodyLimitMiddleware(HotPath(app), max_bytes=config.api.body_max_bytes)

@@ -61,9 +61,8 @@ class Principal:
             return False
         if session_id is None or "*" in self.sessions:
             return True
-        return any(
-            _matches(p, f"{environment}/{session_id}" if "/" in p else session_id) for p in self.sessions
-        )
+        return any(matches_pattern(p, f"{environment}/{session_id}" if "/" in p else session_id)
+                   for p in self.sessions)
 
     def check(self, environment: str, session_id: str | None = None) -> None:
         """Raise Forbidden (403) unless `may_use(environment, session_id)`."""
@@ -84,7 +83,8 @@ class Principal:
 ANONYMOUS = Principal(id="anonymous", kind="anonymous", environments=_ALL, sessions=_ALL, admin=True)
 
 
-def _matches(pattern: str, value: str) -> bool:
+def matches_pattern(pattern: str, value: str) -> bool:
+    """"*" matches everything, "abc*" is a prefix match, anything else is exact."""
     if pattern == "*":
         return True
     if pattern.endswith("*"):
@@ -95,7 +95,7 @@ def _matches(pattern: str, value: str) -> bool:
 def _matches_any(patterns: frozenset[str], value: str) -> bool:
     # "*" first: one set lookup answers every call of an unrestricted principal (all of them,
     # without auth configured).
-    return "*" in patterns or any(_matches(p, value) for p in patterns)
+    return "*" in patterns or any(matches_pattern(p, value) for p in patterns)
 
 
 def auth_required(config: Config) -> bool:

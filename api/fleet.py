@@ -1,4 +1,5 @@
-"""What every route needs, opened once per process: config, Redis, queue, waiter, auth, limiter.
+"""What every route needs, opened once per process: config, Redis, queue, waiter, auth, limiter,
+audit log, command policies and stream slots.
 
 Routes get it through `get_fleet`, and the caller through `get_principal`, which also applies the
 rate limit, so no route can forget either. The hot routes (one per tool call or lifecycle job)
@@ -19,8 +20,12 @@ from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.auth import Authenticator, Principal
-from api.problems import JobExpired, NotFound
+from api.ownership import may_see_job
+from api.policy import Policies
+from api.problems import JobExpired, NotFound, Unauthorized
+from api.quotas import StreamSlots
 from api.rate_limit import RateLimiter
+from common.audit import AuditLog
 from common.config import Config, Environment
 from common.queue import JobRecord, JobWaiter, Queue
 from common.queue.queue import job_id_created_s
@@ -36,6 +41,13 @@ class Fleet:
     auth: Authenticator
     limiter: RateLimiter
     secret_box: SecretBox
+    audit: AuditLog
+    policies: Policies
+    #: Open SSE streams and long-polls per principal (the `streams_open` quota).
+    streams: StreamSlots
+    #: The queue over a Redis pool of its own, for blocking reads (SSE): open streams then never
+    #: take the connections every other request needs.
+    stream_queue: Queue
 
     def environment(self, name: str) -> Environment:
         env = self.config.environment(name)
@@ -52,7 +64,9 @@ class Fleet:
                 raise JobExpired(f"job {job_id!r} expired (jobs are kept {self.config.jobs.ttl_s:g} s "
                                  "after they end)", job_id=job_id)
             raise NotFound(f"job {job_id!r} does not exist", job_id=job_id)
-        if not principal.may_see(job.principal, job.environment, job.session_id):
+        if not may_see_job(principal, job):
+            await self.audit.record("ownership_denied", principal.id, env=job.environment,
+                                    sid=job.session_id, job=job_id, op="job")
             raise NotFound(f"job {job_id!r} does not exist", job_id=job_id)
         return job
 
@@ -98,6 +112,10 @@ async def caller(fleet: Fleet, headers: Mapping[str, str]) -> Principal:
     """The caller of a request with these headers (by lower-case name), authenticated, after
     taking one token of its rate-limit bucket (what `get_principal` gives, for the routes outside
     FastAPI's solving)."""
-    principal = fleet.auth.authenticate(headers.get("authorization"))
+    try:
+        principal = fleet.auth.authenticate(headers.get("authorization"))
+    except Unauthorized as err:
+        await fleet.audit.record("auth_failure", "", why=err.detail)
+        raise
     await fleet.limiter.check(principal.id)
     return principal

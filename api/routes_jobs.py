@@ -10,13 +10,19 @@ from typing import Any
 from fastapi import APIRouter, Body, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from api import ownership, quotas
+from api.auth import Principal
 from api.fleet import Fleet, FleetDep, PrincipalDep
-from api.problems import BadRequest, IdempotencyConflict, InvalidToolCall, ToolNotAllowed
+from api.ownership import check_access, check_callback_secret, tenancy_of
+from api.policy import check_call
+from api.problems import ApiProblem, BadRequest, IdempotencyConflict, InvalidToolCall, ToolNotAllowed
 from api.submit import tool_job
 from api.tool_calls import fingerprint, parse_tool_call
 from common.job_json import job_to_json
 from common.queue import EnqueueResult, JobRecord, NewJob
 from common.queue import IdempotencyConflict as QueueIdempotencyConflict
+from common.queue.models import QuotaRefused, SessionNotOwned
+from common.queue.scripts import audit_op
 from common.tool_calls import ToolCall
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -30,7 +36,9 @@ async def get_job(fleet: FleetDep, principal: PrincipalDep, job_id: str,
                   wait: float = Query(0, ge=0, description="seconds to wait for the job to end")) -> Any:
     job = await fleet.visible_job(job_id, principal)
     if wait > 0 and not job.terminal:
-        done = await fleet.waiter.wait(job_id, min(wait, fleet.config.jobs.long_poll_max_s))
+        await fleet.streams.take(fleet, principal, "long_poll")
+        with fleet.streams.held(principal.id):
+            done = await fleet.waiter.wait(job_id, min(wait, fleet.config.jobs.long_poll_max_s))
         job = done or await fleet.visible_job(job_id, principal)
     return job_to_json(job)
 
@@ -47,10 +55,10 @@ def _sse(event: str, data: dict[str, Any], event_id: str | None = None) -> bytes
     return f"{head}event: {event}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-async def _stream(fleet: Fleet, job_id: str, after: str) -> AsyncIterator[bytes]:
+async def output_events(fleet: Fleet, job_id: str, after: str) -> AsyncIterator[bytes]:
     """Output chunks as they come, then the job's final JSON; ids are output-stream ids."""
     while True:
-        entries = await fleet.queue.read_output(job_id, after=after, block_ms=SSE_HEARTBEAT_MS)
+        entries = await fleet.stream_queue.read_output(job_id, after=after, block_ms=SSE_HEARTBEAT_MS)
         if not entries:
             job = await fleet.queue.get_job(job_id)
             if job is None or job.terminal:
@@ -76,8 +84,17 @@ async def job_events(fleet: FleetDep, principal: PrincipalDep, job_id: str,
     after = last_event_id or "0-0"
     if not _is_stream_id(after):
         raise BadRequest("Last-Event-ID must be an id from this stream (e.g. 1700000000000-0)")
-    return StreamingResponse(_stream(fleet, job_id, after), media_type="text/event-stream",
+    await fleet.streams.take(fleet, principal, "events")
+    return StreamingResponse(_held(fleet, principal.id, output_events(fleet, job_id, after)),
+                             media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _held(fleet: Fleet, principal_id: str, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """`events`, giving the principal's stream slot back when the stream ends, however it ends."""
+    with fleet.streams.held(principal_id):
+        async for chunk in events:
+            yield chunk
 
 
 def _is_stream_id(value: str) -> bool:
@@ -85,7 +102,7 @@ def _is_stream_id(value: str) -> bool:
     return ms.isdigit() and (not sep or seq.isdigit())
 
 
-def _batch_job(fleet: Fleet, principal_id: str, index: int, item: Any) -> tuple[NewJob, ToolCall]:
+def _batch_job(fleet: Fleet, principal: Principal, index: int, item: Any) -> tuple[NewJob, ToolCall]:
     if not isinstance(item, dict):
         raise InvalidToolCall("each call must be an object", field=f"calls.{index}")
     env_name, sid = item.get("environment"), item.get("session")
@@ -96,7 +113,7 @@ def _batch_job(fleet: Fleet, principal_id: str, index: int, item: Any) -> tuple[
                            webhook_secret_ids=fleet.config.webhooks.secrets.keys())
     if call.name not in environment.allowed_tools:
         raise ToolNotAllowed(call.name, env_name, index=index)
-    return tool_job(fleet, principal_id, env_name, sid, call), call
+    return tool_job(fleet, principal.id, env_name, sid, call, tenancy_of(principal, environment)), call
 
 
 @router.post(":batch", summary="Submit up to jobs.batch_max calls; per-session order = array order")
@@ -107,20 +124,34 @@ async def batch(fleet: FleetDep, principal: PrincipalDep, request: Request,
         raise InvalidToolCall("`calls` must be a non-empty array", field="calls")
     if len(calls) > fleet.config.jobs.batch_max:
         raise InvalidToolCall(f"at most {fleet.config.jobs.batch_max} calls per batch", field="calls")
-    planned = [_batch_job(fleet, principal.id, i, item) for i, item in enumerate(calls)]
-    for job, _ in planned:
-        principal.check(job.environment, job.session_id)
+    planned = [_batch_job(fleet, principal, i, item) for i, item in enumerate(calls)]
+    for i, (job, call) in enumerate(planned):
+        try:  # each call checked as if sent alone; the first refused refuses the batch
+            await check_access(fleet, principal, job.environment, job.session_id, "batch")
+            await check_call(fleet, principal, job.environment, job.session_id, call)
+            await check_callback_secret(fleet, principal, call.callback_secret_id, call.name)
+        except ApiProblem as problem:
+            problem.extensions["index"] = i
+            raise
     # One Idempotency-Key covers the batch: call i is keyed `key#i`, so a replay returns the same
     # jobs and a different batch under the same key conflicts on the first call that differs.
     key = request.headers.get("idempotency-key")
     keys = [f"{key}#{i}" for i in range(len(planned))] if key else None
     prints = [fingerprint(c, j.session) for j, c in planned] if key else None
     try:
-        results = await fleet.queue.enqueue_batch([j for j, _ in planned], idempotency_keys=keys,
-                                                  fingerprints=prints)
+        results = await fleet.queue.enqueue_batch(
+            [j for j, _ in planned], idempotency_keys=keys, fingerprints=prints,
+            quotas=fleet.config.quotas.of(principal.id))
     except QueueIdempotencyConflict as err:
         raise IdempotencyConflict("this Idempotency-Key was used with a different batch",
                                   job_id=err.job_id) from err
+    except SessionNotOwned as err:
+        raise await ownership.refused_enqueue(fleet, principal.id, err, "batch", batch=True) from err
+    except QuotaRefused as err:
+        raise await quotas.refused_enqueue(fleet, principal.id, err, "batch", batch=True) from err
+    for (job, _), result in zip(planned, results, strict=True):
+        if result.created:
+            fleet.audit.note_call(principal.id, job.environment, job.session_id, audit_op(job), result.job_id)
     jobs = await asyncio.gather(*(_record(fleet, r) for r in results))
     body_out = {"jobs": [job_to_json(j) for j in jobs if j is not None]}
     return JSONResponse(body_out, status_code=202)

@@ -14,6 +14,8 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 
 from api.fleet import BEARER_DOC, Fleet, FleetDep, PrincipalDep, caller, fleet_and_caller
+from api.ownership import check_access, check_callback_secret, may_see_session, session_not_found, tenancy_of
+from api.policy import check_call
 from api.problems import InvalidToolCall, NotFound
 from api.session_view import session_view
 from api.submit import JsonResponse, submit, tool_job, wants_async
@@ -32,15 +34,16 @@ async def _lifecycle(request: Request, env: str, sid: str, kind: JobKind, **payl
     """Enqueue a lifecycle job. The seed sends no body; an optional JSON one may carry `async`,
     `callback_url` and `callback_secret_id`, as on any job."""
     fleet, principal = await fleet_and_caller(request)
-    fleet.environment(env)
-    principal.check(env, sid)
+    environment = fleet.environment(env)
+    await check_access(fleet, principal, env, sid, str(kind))
     raw = await request.body()
     body = decode_json_body(raw) if raw.strip() else {}
     if not isinstance(body, dict):
         raise InvalidToolCall("the body, when given, must be a JSON object", field="body")
     url, secret_id = parse_callback(body, fleet.config.webhooks.secrets.keys())
+    await check_callback_secret(fleet, principal, secret_id, str(kind))
     job = NewJob(environment=env, session_id=sid, kind=kind, payload=payload, principal=principal.id,
-                 callback_url=url, callback_secret_id=secret_id)
+                 callback_url=url, callback_secret_id=secret_id, tenancy=tenancy_of(principal, environment))
     return await submit(fleet, request.headers, job,
                         lambda: f"{job.session}:{kind}:{sorted(payload.items())}:{url}:{secret_id}",
                         sync=not wants_async(request.headers, body.get("async") is True))
@@ -79,13 +82,15 @@ async def tool_call(fleet: Fleet, headers: Mapping[str, str], body: Callable[[],
     (after authentication)."""
     principal = await caller(fleet, headers)
     environment = fleet.environment(env)
-    principal.check(env, sid)
+    await check_access(fleet, principal, env, sid, "call")
     # Like the seed's decoder: JSON whatever the Content-Type (`curl -d` sends a form type).
     call = parse_tool_call(decode_json_body(await body()),
                            webhook_secret_ids=fleet.config.webhooks.secrets.keys())
     if call.name not in environment.allowed_tools:
         return JsonResponse(render_tool_not_allowed(call, env))
-    job = tool_job(fleet, principal.id, env, sid, call)
+    await check_call(fleet, principal, env, sid, call)
+    await check_callback_secret(fleet, principal, call.callback_secret_id, call.name)
+    job = tool_job(fleet, principal.id, env, sid, call, tenancy_of(principal, environment))
     return await submit(fleet, headers, job, lambda: fingerprint(call, job.session),
                         sync=not wants_async(headers, call.is_async))
 
@@ -93,19 +98,23 @@ async def tool_call(fleet: Fleet, headers: Mapping[str, str], body: Callable[[],
 @router.get("/{sid}", summary="The session's state, actor, activity, queue and processes")
 async def show(fleet: FleetDep, principal: PrincipalDep, env: str, sid: Sid) -> dict[str, Any]:
     environment = fleet.environment(env)
-    principal.check(env, sid)
+    await check_access(fleet, principal, env, sid, "view")
     info = await session_view(fleet.queue, environment, sid)
     if info is None:
         raise NotFound(f"session {sid!r} does not exist in {env!r}", environment=env, session=sid)
+    if not may_see_session(principal, environment, info["owner"]):
+        raise await session_not_found(fleet, principal.id, env, sid, "view")
     return info
 
 
 @router.get("", summary="Sessions of an environment, paginated")
 async def list_sessions(fleet: FleetDep, principal: PrincipalDep, env: str, cursor: str = "",
                         limit: int = Query(100, ge=1, le=1000)) -> dict[str, Any]:
-    principal.check(env, None)
+    await check_access(fleet, principal, env, None, "list")
     environment = fleet.environment(env)
     ids, next_cursor = await fleet.queue.list_sessions(env, cursor, limit)
     visible = [sid for sid in ids if principal.may_use(env, sid)]
     views = await asyncio.gather(*(session_view(fleet.queue, environment, sid) for sid in visible))
-    return {"sessions": [v for v in views if v is not None], "next_cursor": next_cursor}
+    # A page may hold fewer than `limit` sessions (others' are left out); `next_cursor` goes on.
+    mine = [v for v in views if v is not None and may_see_session(principal, environment, v["owner"])]
+    return {"sessions": mine, "next_cursor": next_cursor}

@@ -13,13 +13,16 @@ from typing import Any
 
 from starlette.responses import Response
 
+from api import ownership, quotas
 from api.fleet import Fleet
 from api.problems import ApiProblem, Conflict, IdempotencyConflict
 from common.job_json import job_to_json
 from common.metrics import JOBS_ENQUEUED, Children
 from common.queue import EnqueueResult, JobKind, JobRecord, JobState, NewJob, Outcome
 from common.queue import IdempotencyConflict as QueueIdempotencyConflict
+from common.queue.models import QuotaRefused, SessionNotOwned, Tenancy
 from common.queue.queue import new_job_id
+from common.queue.scripts import audit_op
 from common.secret_box import SEALED_ENV_KEY
 from common.tool_calls import ToolCall
 
@@ -95,14 +98,21 @@ async def _accepted(fleet: Fleet, job_id: str, record: JobRecord | None = None) 
 
 async def _enqueue(fleet: Fleet, key: str | None, job: NewJob, fingerprint: Callable[[], str],
                    job_id: str) -> EnqueueResult:
+    """Enqueue (owner-checked, within quotas, audited by the enqueue script; see api.ownership)."""
     try:
         result = await fleet.queue.enqueue(job, idempotency_key=key, job_id=job_id,
-                                           fingerprint=fingerprint() if key else None)
+                                           fingerprint=fingerprint() if key else None,
+                                           quotas=fleet.config.quotas.of(job.principal))
     except QueueIdempotencyConflict as err:
         raise IdempotencyConflict(
             "this Idempotency-Key was used with a different request", job_id=err.job_id) from err
+    except SessionNotOwned as err:
+        raise await ownership.refused_enqueue(fleet, job.principal, err, audit_op(job)) from err
+    except QuotaRefused as err:
+        raise await quotas.refused_enqueue(fleet, job.principal, err, audit_op(job)) from err
     if result.created:
         _ENQUEUED(str(job.kind)).inc()
+        fleet.audit.note_call(job.principal, job.environment, job.session_id, audit_op(job), result.job_id)
     if log.isEnabledFor(logging.DEBUG):
         log.debug("job accepted", extra={"fields": {
             "job": result.job_id, "session": job.session, "principal": job.principal,
@@ -124,9 +134,9 @@ def problem_of(job_id: str, outcome: Outcome) -> ApiProblem:
     return ApiProblem.from_dict({**problem, "job_id": job_id})
 
 
-def tool_job(fleet: Fleet, principal_id: str, env: str, sid: str, call: ToolCall) -> NewJob:
+def tool_job(fleet: Fleet, principal_id: str, env: str, sid: str, call: ToolCall, tenancy: Tenancy) -> NewJob:
     """The job of a tool call; env var values travel sealed (see common.secret_box)."""
     secrets = {SEALED_ENV_KEY: fleet.secret_box.seal(call.env_variables)} if call.env_variables else None
     return NewJob(environment=env, session_id=sid, kind=JobKind.TOOL, principal=principal_id,
-                  payload=call.job_payload(), secrets=secrets,
+                  payload=call.job_payload(), secrets=secrets, tenancy=tenancy,
                   callback_url=call.callback_url, callback_secret_id=call.callback_secret_id)

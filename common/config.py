@@ -71,6 +71,41 @@ class EnvLimits(_Model):
     _blank = model_validator(mode="before")(_none_to_default)
 
 
+class PolicyRule(_Model):
+    """One command policy rule: `tool` ("*" = any) and, for each named argument, a regex searched
+    anywhere in its value (as text); the rule matches when all of them match."""
+
+    effect: Literal["allow", "deny"]
+    tool: str
+    match: dict[str, str] = {}
+
+    @field_validator("tool")
+    @classmethod
+    def _tool(cls, v: str) -> str:
+        if v != "*" and v not in KNOWN_TOOLS:
+            raise ValueError(f"unknown tool {v!r}; known: {list(KNOWN_TOOLS)} or \"*\"")
+        return v
+
+    @field_validator("match")
+    @classmethod
+    def _patterns(cls, v: dict[str, str]) -> dict[str, str]:
+        for argument, pattern in v.items():
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                raise ValueError(f"argument {argument!r}: {pattern!r} is not a valid regex: {err}") from None
+        return v
+
+
+class PolicyConfig(_Model):
+    """An environment's command policy: the first rule matching a call decides; else `default`."""
+
+    default: Literal["allow", "deny"] = "allow"
+    rules: tuple[PolicyRule, ...] = ()
+
+    _blank = model_validator(mode="before")(_none_to_default)
+
+
 class Environment(_Model):
     name: str
     template: str = "default-env-template"
@@ -82,6 +117,10 @@ class Environment(_Model):
     #: Whether idle suspension may suspend a session whose background processes still run.
     suspend_with_background: bool = False
     limits: EnvLimits = EnvLimits()
+    #: Every principal that may use the environment may use each of its sessions (single-tenant
+    #: setups); otherwise a session is its creator's alone (and admins').
+    shared: bool = False
+    policy: PolicyConfig = PolicyConfig()
 
     _blank = model_validator(mode="before")(_none_to_default)
 
@@ -241,6 +280,9 @@ class ApiConfig(_Model):
 class WebhookConfig(_Model):
     #: Signing secrets by id (`whsec_` + base64); a job names one with `callback_secret_id`.
     secrets: dict[str, str] = {}
+    #: Secret id → the principals (ids like `key:ci`, `jwt:agent-7`, or patterns `key:*`) that may
+    #: name it; a secret not listed here may be named by admins only (and without auth, by all).
+    secret_principals: dict[str, tuple[str, ...]] = {}
     #: Entry i = seconds before delivery attempt i (so one attempt per entry).
     retry_schedule_s: tuple[float, ...] = (0, 5, 300, 1800, 7200, 18000, 36000)
     timeout_s: float = Field(15.0, gt=0)
@@ -263,6 +305,47 @@ class WebhookConfig(_Model):
         if not v or min(v) < 0:
             raise ValueError("must list at least one delay, none negative")
         return v
+
+
+class QuotaLimits(_Model):
+    """What one principal may hold at once; 0 = unlimited."""
+
+    #: Sessions it owns (until GC forgets destroyed ones): a 403, freed by destroying sessions.
+    sessions_owned: int = Field(0, ge=0)
+    #: Jobs queued or running in one of its sessions: a 429.
+    jobs_queued_per_session: int = Field(0, ge=0)
+    #: Jobs queued or running in all its sessions: a 429.
+    jobs_queued: int = Field(0, ge=0)
+    #: SSE streams and long-polls it holds open, per API process: a 429.
+    streams_open: int = Field(0, ge=0)
+    #: Output bytes its jobs streamed in the last `jobs.ttl_s` (as long as output is kept): a 429.
+    output_bytes: int = Field(0, ge=0)
+
+    _blank = model_validator(mode="before")(_none_to_default)
+
+
+class QuotasConfig(_Model):
+    #: Every principal's quotas, unless `principals` names it.
+    default: QuotaLimits = QuotaLimits()
+    #: Principal id (`key:NAME`, `jwt:SUB`) → its own quotas.
+    principals: dict[str, QuotaLimits] = {}
+
+    _blank = model_validator(mode="before")(_none_to_default)
+
+    def of(self, principal_id: str) -> QuotaLimits:
+        return self.principals.get(principal_id, self.default)
+
+
+class AuditConfig(_Model):
+    #: Records the Redis stream keeps (approximately: trimmed in whole macro nodes); 0 = none.
+    stream_maxlen: int = Field(1_000_000, ge=0)
+    #: Records older than this are trimmed from the stream (every `trim_period_s`).
+    max_age_s: float = Field(7 * 86400.0, gt=0)
+    trim_period_s: float = Field(60.0, gt=0)
+    #: JSON lines of each API process's records: "" = none, "-" = stdout, else a file appended to.
+    jsonl: str = ""
+
+    _blank = model_validator(mode="before")(_none_to_default)
 
 
 class TemplateLimits(_Model):
@@ -342,6 +425,8 @@ class Config(_Model):
     auth: AuthConfig = AuthConfig()
     api: ApiConfig = ApiConfig()
     webhooks: WebhookConfig = WebhookConfig()
+    quotas: QuotasConfig = QuotasConfig()
+    audit: AuditConfig = AuditConfig()
     local_substrate: LocalSubstrateConfig = LocalSubstrateConfig()
     #: Prefix of every Redis key this fleet writes.
     redis_prefix: str = "af:"

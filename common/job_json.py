@@ -1,11 +1,12 @@
 """The public JSON of a job: what `GET /v1/jobs/{id}` answers and what a webhook's `data` carries.
 
 Keys (issue 7): `id`, `state` (queued | running | succeeded | failed | cancelled), `environment`,
-`session` (the client's session id), `created_at`, `started_at`, `finished_at` (RFC 3339 UTC with
+`session` (the client's session id), `principal` (who submitted it: only principals who may read
+the job see it, its submitter and admins), `created_at`, `started_at`, `finished_at` (RFC 3339 UTC with
 milliseconds, or null), `result` (exactly the body the sync call would have answered, or null),
 `error` (problem+json when failed, else null) and `webhook_attempts` (one entry per delivery
 attempt: `time`, `status`, `error`, `duration_ms`, `next_attempt_at`). Internal bookkeeping
-(payload, principal, epoch, callback secret id) is never shown.
+(payload, epoch, callback secret id) is never shown.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def job_to_json(job: JobRecord) -> dict[str, Any]:
         "state": str(job.state),
         "environment": job.environment,
         "session": job.session_id,
+        "principal": job.principal,
         "created_at": rfc3339(job.created_at),
         "started_at": rfc3339(job.started_at),
         "finished_at": rfc3339(job.finished_at),

@@ -60,6 +60,11 @@ class Keys:
         return f"{self.prefix}callbacks"
 
     @property
+    def audit(self) -> str:
+        """Stream, capped by length and age: the audit log (common/audit.py), apart from `events`."""
+        return f"{self.prefix}audit"
+
+    @property
     def dlq(self) -> str:
         """Stream of jobs that exhausted their attempts."""
         return f"{self.prefix}dlq"
@@ -166,6 +171,20 @@ class Keys:
         """String with PX TTL: `<job id> <fingerprint>`."""
         return f"{self.prefix}idem:{principal}:{key}"
 
+    # -- per principal (tenancy: api/ownership.py, api/quotas.py) --------------------------------
+    def owned_sessions(self, principal: str) -> str:
+        """Set of the sessions (`env/sid`) the principal owns, until GC forgets them."""
+        return f"{self.prefix}owned:{principal}"
+
+    def principal_jobs(self, principal: str) -> str:
+        """Zset job id → enqueue ms: the principal's jobs, pruned of ended ones near its quota."""
+        return f"{self.prefix}pjobs:{principal}"
+
+    def output_bytes(self, principal: str) -> str:
+        """Counter with PX TTL (`jobs.ttl_s` from its first byte): output bytes the principal's
+        jobs streamed in that window, which is as long as their output is kept."""
+        return f"{self.prefix}obytes:{principal}"
+
     def session_index(self, environment: str) -> str:
         """Zset (all scores 0) of the environment's session ids, for listing by lexical cursor."""
         return f"{self.prefix}sessions:{environment}"
@@ -211,7 +230,7 @@ class Keys:
             "K_IDLE": self.idle, "K_IDLE_UNTIL": self.idle_until,
             "K_RUNNING": self.running, "K_PARKED": self.parked, "K_CAPACITY_WAIT": self.capacity_wait,
             "K_PARKING": self.parking,
-            "CH_DONE": self.done_channel, "CH_CANCEL": self.cancel_channel,
+            "CH_DONE": self.done_channel, "CH_CANCEL": self.cancel_channel, "K_AUDIT": self.audit,
         }
         lines = [f"local {name} = {_lua_string(value)}\n" for name, value in constants.items()]
         return "".join(lines) + (
@@ -224,6 +243,9 @@ class Keys:
             f"local function idem_key(principal, k) return {p} .. 'idem:' .. principal .. ':' .. k end\n"
             f"local function index_key(env) return {p} .. 'sessions:' .. env end\n"
             f"local function inbox_key(w) return {p} .. 'inbox:' .. w end\n"
+            f"local function owned_key(pr) return {p} .. 'owned:' .. pr end\n"
+            f"local function pjobs_key(pr) return {p} .. 'pjobs:' .. pr end\n"
+            f"local function obytes_key(pr) return {p} .. 'obytes:' .. pr end\n"
         )
 
 

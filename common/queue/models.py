@@ -4,7 +4,9 @@ Exceptions (one hierarchy for the queue boundary):
 
     QueueError
      ├── IdempotencyConflict   same idempotency key, different request fingerprint
-     └── LeaseLost             a fenced write was refused: the caller no longer owns the session
+     ├── SessionNotOwned       the session belongs to another principal (Tenancy.OWN)
+     ├── QuotaRefused          the job would exceed one of its principal's quotas
+     ├── LeaseLost             a fenced write was refused: the caller no longer owns the session
 
 Handler outcomes (raised by a Consumer handler, not errors of the queue itself):
 
@@ -65,6 +67,26 @@ class IdempotencyConflict(QueueError):
         self.job_id = job_id
 
 
+class SessionNotOwned(QueueError):
+    """Job `index` of an enqueue is for a session another principal owns (nothing was written)."""
+
+    def __init__(self, index: int, session: str) -> None:
+        super().__init__(f"session {session} belongs to another principal")
+        self.index = index
+        self.session = session
+
+
+class QuotaRefused(QueueError):
+    """Job `index` would exceed quota `quota` (nothing was written); `retry_after_s` is None when
+    only the principal's own action (destroying sessions) frees it."""
+
+    def __init__(self, index: int, quota: str, retry_after_s: float | None) -> None:
+        super().__init__(f"quota {quota} exceeded")
+        self.index = index
+        self.quota = quota
+        self.retry_after_s = retry_after_s
+
+
 class LeaseLost(QueueError):
     """A fenced script found another lease value (or none): this worker no longer owns the session."""
 
@@ -98,6 +120,17 @@ class JobCancelled(HandlerOutcome):
         self.detail = detail
 
 
+class Tenancy(StrEnum):
+    """What enqueue checks and records for a job (see enqueue.lua)."""
+
+    #: A fleet-internal job (the reconciler's): no owner check, no owner, no quota, no audit.
+    INTERNAL = ""
+    #: The session must be the principal's or nobody's (then it becomes the principal's).
+    OWN = "own"
+    #: An admin, or a shared environment: any session (a new one still gets its first owner).
+    ANY = "any"
+
+
 @dataclass(frozen=True)
 class NewJob:
     """A job to enqueue. `secrets` are stored apart and never appear in the record or events."""
@@ -110,6 +143,7 @@ class NewJob:
     callback_url: str | None = None
     callback_secret_id: str | None = None
     secrets: dict[str, str] | None = None
+    tenancy: Tenancy = Tenancy.INTERNAL
 
     @property
     def session(self) -> str:

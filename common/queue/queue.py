@@ -20,7 +20,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from common.config import Config
+from common.config import Config, QuotaLimits
 from common.queue.keys import Keys, session_name
 from common.queue.link import RedisLink
 from common.queue.models import (
@@ -115,14 +115,15 @@ class Queue:
     # -- API side --------------------------------------------------------------------------------
     async def enqueue(
         self, job: NewJob, idempotency_key: str | None = None, fingerprint: str | None = None,
-        job_id: str | None = None,
+        job_id: str | None = None, quotas: QuotaLimits | None = None,
     ) -> EnqueueResult:
-        """Record the job and append it to its session's FIFO; raises IdempotencyConflict.
+        """Record the job and append it to its session's FIFO; raises IdempotencyConflict, and
+        for a job with a `tenancy`, SessionNotOwned and QuotaRefused (`quotas` of its principal).
 
         `job_id` (from `new_job_id()`) lets the caller know the id before the job exists, e.g. to
         watch it with a JobWaiter first."""
         (result,) = await self.enqueue_batch([job], [idempotency_key], [fingerprint],
-                                             None if job_id is None else [job_id])
+                                             None if job_id is None else [job_id], quotas)
         return result
 
     async def enqueue_batch(
@@ -131,8 +132,10 @@ class Queue:
         idempotency_keys: Sequence[str | None] | None = None,
         fingerprints: Sequence[str | None] | None = None,
         job_ids: Sequence[str] | None = None,
+        quotas: QuotaLimits | None = None,
     ) -> list[EnqueueResult]:
-        """All jobs in one script: all or none; per-session order = list order."""
+        """All jobs in one script: all or none; per-session order = list order. Jobs with a
+        `tenancy` are owner-checked, counted against `quotas` and audited (see enqueue.lua)."""
         if not jobs:
             return []
         idem = list(idempotency_keys or [None] * len(jobs))
@@ -144,7 +147,7 @@ class Queue:
             for i, job in enumerate(jobs)
         ]
         created_ms = now_ms()
-        done = await self.scripts.enqueue(rows, created_ms)
+        done = await self.scripts.enqueue(rows, created_ms, quotas, self.config.audit.stream_maxlen)
         return [
             EnqueueResult(jid, created, JobRecord.queued(jid, jobs[i], created_ms) if created else None)
             for i, (jid, created) in enumerate(done)

@@ -17,9 +17,18 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from common.config import QuotaLimits
 from common.queue.batcher import LuaScript, RedisArg, ScriptBatcher
 from common.queue.keys import Keys
-from common.queue.models import IdempotencyConflict, JobRecord, LeaseLost, NewJob
+from common.queue.models import (
+    IdempotencyConflict,
+    JobKind,
+    JobRecord,
+    LeaseLost,
+    NewJob,
+    QuotaRefused,
+    SessionNotOwned,
+)
 
 #: Default entries kept in the `events` stream (approximate trim): its readers (webhook deliverer,
 #: metrics) must keep up within this many state changes (~3 per job).
@@ -103,6 +112,15 @@ def _head_job(flat: Sequence[Any]) -> JobRecord:
     return JobRecord.from_fields(_str(flat[0]), {_str(k): _str(v) for k, v in zip(it, it, strict=True)})
 
 
+#: No quota at all: what fleet-internal enqueues pass.
+_NO_QUOTAS = QuotaLimits()
+
+
+def audit_op(job: NewJob) -> str:
+    """What a job's audit record names: the tool of a tool call, else the lifecycle operation."""
+    return str(job.payload.get("name", "")) if job.kind == JobKind.TOOL else str(job.kind)
+
+
 def _lost(lease: Lease, what: str) -> LeaseLost:
     return LeaseLost(f"lease {lease.value} of {lease.session} lost; {what}")
 
@@ -129,21 +147,32 @@ class QueueScripts:
         return await self._batcher.call(self._s[name], (), args)
 
     async def enqueue(
-        self, jobs: Sequence[tuple[str, NewJob, str | None, str]], now_ms: int
+        self, jobs: Sequence[tuple[str, NewJob, str | None, str]], now_ms: int,
+        quotas: QuotaLimits | None = None, audit_maxlen: int = 0,
     ) -> list[tuple[str, bool]]:
-        """jobs = (job id, job, idempotency key or None, fingerprint); [(job id, created)]."""
-        args: list[RedisArg] = [now_ms, len(jobs)]
+        """jobs = (job id, job, idempotency key or None, fingerprint); [(job id, created)].
+
+        Raises IdempotencyConflict, SessionNotOwned, QuotaRefused (then nothing was written)."""
+        q = quotas or _NO_QUOTAS
+        args: list[RedisArg] = [now_ms, len(jobs), q.sessions_owned, q.jobs_queued_per_session,
+                                q.jobs_queued, q.output_bytes, audit_maxlen]
         for jid, job, idem, fingerprint in jobs:
             args += [
                 jid, job.session, job.environment, job.session_id, str(job.kind),
                 compact_json(job.payload), job.principal, job.callback_url or "",
-                job.callback_secret_id or "", idem or "", fingerprint,
+                job.callback_secret_id or "", idem or "", fingerprint, str(job.tenancy), audit_op(job),
             ]
         args += [compact_json(job.secrets) if job.secrets else "" for _, job, _, _ in jobs]
         raw = await self._run("enqueue", args)
-        if _str(raw[0]) == "conflict":
+        status = _str(raw[0])
+        if status != "ok":
             index = int(raw[1]) - 1
-            raise IdempotencyConflict(jobs[index][2] or "", _str(raw[2]))
+            if status == "conflict":
+                raise IdempotencyConflict(jobs[index][2] or "", _str(raw[2]))
+            if status == "denied":
+                raise SessionNotOwned(index, jobs[index][1].session)
+            retry_ms = int(raw[3])
+            raise QuotaRefused(index, _str(raw[2]), retry_ms / 1000 if retry_ms else None)
         return [(_str(raw[i]), int(raw[i + 1]) == 1) for i in range(1, len(raw), 2)]
 
     async def take_work(

@@ -22,7 +22,9 @@ from api.http_protocol import HttpProtocol
 from api.problems import install_problem_handlers
 from api.rate_limit import RateLimiter
 from api.tool_calls import decode_json_body, parse_tool_call
+from common.audit import AuditLog
 from common.config import Config, parse_config
+from common.queue.keys import Keys
 from common.tool_calls import render_result
 
 ClientFactory = Callable[..., httpx.AsyncClient]
@@ -40,7 +42,10 @@ def build_app(config: Config, *, limiter: RateLimiter | None = None) -> FastAPI:
     install_problem_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.api.body_max_bytes)
     # The real app keeps these on `app.state.fleet` (api.fleet.Fleet); the dependency reads them there.
-    app.state.fleet = SimpleNamespace(auth=Authenticator(config), limiter=limiter or RateLimiter(config.api))
+    # No audit stream here (no Redis): records go nowhere, as with `audit.stream_maxlen: 0`.
+    audit = AuditLog(None, Keys(config.redis_prefix), config.audit.model_copy(update={"stream_maxlen": 0}))  # type: ignore[arg-type]
+    app.state.fleet = SimpleNamespace(auth=Authenticator(config), limiter=limiter or RateLimiter(config.api),
+                                      audit=audit)
 
     @app.get("/whoami")
     async def whoami(caller: Caller) -> dict[str, Any]:

@@ -1,26 +1,40 @@
 -- enqueue.lua: record N jobs atomically, each appended to its session's FIFO.
 --
 -- ARGV[1] now_ms   ARGV[2] N
--- then 11 values per job i (base = 2 + 11*(i-1)):
+-- ARGV[3..7] the principal's quotas (0 = none): sessions owned, jobs queued per session, jobs
+--   queued in total, output bytes stored; then the audit stream's MAXLEN (0 = no audit records)
+-- then 13 values per job i (base = 7 + 13*(i-1)):
 --   +1 jid  +2 session "env/sid"  +3 environment  +4 sid  +5 kind  +6 payload json  +7 principal
 --   +8 callback_url or ""  +9 callback_secret_id or ""  +10 idempotency key or ""
---   +11 fingerprint
--- then N values, one per job: its secrets json or "" (ARGV[2 + 11*N + i]).
+--   +11 fingerprint  +12 tenancy: "" (a fleet-internal job: no checks, no owner), "own" (the
+--   session must be the principal's or nobody's) or "any" (admin, shared environment)
+--   +13 what the audit record names (tool or lifecycle op)
+-- then N values, one per job: its secrets json or "" (ARGV[7 + 13*N + i]).
 -- Returns {'ok', jid1, created1, jid2, created2, ...}  (created = 1 new, 0 idempotent replay)
 --      or {'conflict', i, existing_jid}  (nothing written)
+--      or {'denied', i}  (job i's session belongs to another principal; nothing written)
+--      or {'quota', i, name, retry_after_ms}  (job i would exceed quota `name`; 0 = only the
+--         principal's own action frees it; nothing written)
 -- Touches: job:{jid}, sec:{jid}, sq:{sess}, sess:{sess}, idem:{principal}:{key}, sessions:{env},
--- work, events; a session with no lease, no outstanding notification and no backoff is handed
--- to an idle worker (lease, inbox) or added to `ready` (see notify in _lib.lua).
+-- work, events, owned:{principal}, pjobs:{principal}, obytes:{principal} (read), audit; a
+-- session with no lease, no outstanding notification and no backoff is handed to an idle worker
+-- (lease, inbox) or added to `ready` (see notify in _lib.lua).
 
 local n = tonumber(ARGV[2])
 local now = ARGV[1]
-local sec_base = 2 + 11 * n
+local max_owned, max_session_jobs = tonumber(ARGV[3]), tonumber(ARGV[4])
+local max_jobs, max_output = tonumber(ARGV[5]), tonumber(ARGV[6])
+local audit_maxlen = tonumber(ARGV[7])
+local W = 13
+local sec_base = 7 + W * n
+-- Ended jobs looked for (oldest first) when a principal reaches its jobs quota: bounds the cost.
+local PRUNE_MAX = 100
 
 -- Phase 1: resolve idempotency keys before writing anything, so a conflict aborts the batch.
 local replay = {}
 local seen = {}
 for i = 1, n do
-  local b = 2 + 11 * (i - 1)
+  local b = 7 + W * (i - 1)
   if ARGV[b + 10] ~= '' then
     local ik = idem_key(ARGV[b + 7], ARGV[b + 10])
     local prior = seen[ik]
@@ -40,10 +54,57 @@ for i = 1, n do
   end
 end
 
--- Phase 2: write the new jobs in list order (per-session order = list order).
+-- Jobs of `principal` not ended yet, after forgetting up to PRUNE_MAX ended ones (oldest first).
+local function jobs_in_flight(principal)
+  local key = pjobs_key(principal)
+  for _, jid in ipairs(redis.call('ZRANGE', key, 0, PRUNE_MAX - 1)) do
+    local st = redis.call('HGET', job_key(jid), 'st')
+    if not st or TERMINAL[st] then redis.call('ZREM', key, jid) end
+  end
+  return redis.call('ZCARD', key)
+end
+
+-- Phase 2: tenancy (owner and quotas) of the new jobs, before writing anything, so a refusal
+-- refuses the whole batch. `claims` = sessions this batch will give their first owner.
+local claims = {}
+local claimed, added, fresh = 0, {}, 0
+for i = 1, n do
+  local b = 7 + W * (i - 1)
+  local tenancy = ARGV[b + 12]
+  if not replay[i] and tenancy ~= '' then
+    local session, principal = ARGV[b + 2], ARGV[b + 7]
+    if not claims[session] then
+      local owner = redis.call('HGET', sess_key(session), 'own')
+      if owner and owner ~= principal and tenancy ~= 'any' then return {'denied', i} end
+      if not owner then
+        claims[session] = principal
+        claimed = claimed + 1
+        if max_owned > 0 and redis.call('SCARD', owned_key(principal)) + claimed > max_owned then
+          return {'quota', i, 'sessions_owned', 0}
+        end
+      end
+    end
+    added[session] = (added[session] or 0) + 1
+    if max_session_jobs > 0 and redis.call('LLEN', fifo_key(session)) + added[session] > max_session_jobs then
+      return {'quota', i, 'jobs_queued_per_session', 1000}
+    end
+    fresh = fresh + 1
+    if max_jobs > 0 and fresh == 1 and redis.call('ZCARD', pjobs_key(principal)) + n > max_jobs then
+      if jobs_in_flight(principal) + n > max_jobs then return {'quota', i, 'jobs_queued', 1000} end
+    end
+    if max_output > 0 and fresh == 1 then
+      local used = tonumber(redis.call('GET', obytes_key(principal)) or '0')
+      if used >= max_output then
+        return {'quota', i, 'output_bytes', math.max(1000, redis.call('PTTL', obytes_key(principal)))}
+      end
+    end
+  end
+end
+
+-- Phase 3: write the new jobs in list order (per-session order = list order).
 local out = {'ok'}
 for i = 1, n do
-  local b = 2 + 11 * (i - 1)
+  local b = 7 + W * (i - 1)
   if replay[i] then
     table.insert(out, replay[i]); table.insert(out, 0)
   else
@@ -63,6 +124,20 @@ for i = 1, n do
     end
     redis.call('ZADD', K_WORK, 'NX', now, session)
     emit(jid, session, 'queued', now, ARGV[b + 8] ~= '')
+    if ARGV[b + 12] ~= '' then
+      local principal = ARGV[b + 7]
+      if claims[session] == principal then
+        redis.call('HSET', sess_key(session), 'own', principal)
+        redis.call('SADD', owned_key(principal), session)
+        claims[session] = nil
+      end
+      if max_jobs > 0 then redis.call('ZADD', pjobs_key(principal), now, jid) end
+      if audit_maxlen > 0 then
+        redis.call('XADD', K_AUDIT, 'MAXLEN', '~', audit_maxlen, '*', 'ev', 'call', 'pr', principal,
+          'env', ARGV[b + 3], 'sid', ARGV[b + 4], 'op', ARGV[b + 13], 'job', jid,
+          'digest', redis.sha1hex(ARGV[b + 6]))
+      end
+    end
     if redis.call('EXISTS', lease_key(session)) == 0 then notify(session, now) end
     table.insert(out, jid); table.insert(out, 1)
   end
