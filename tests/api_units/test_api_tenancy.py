@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -318,3 +319,63 @@ async def test_auth_failures_are_audited_and_every_refusal_type_is_documented(
     lines = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     assert [x["ev"] for x in lines if x["pr"] == "-"] == ["auth_failure", "auth_failure"]
     assert bad.json()["type"].removeprefix(TYPE_BASE) in PROBLEM_TYPES
+
+
+def _readme_problem_slugs() -> set[str]:
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = text.split("## Problem types", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `([a-z_]+)` \|", table, re.M))
+
+
+async def test_every_routes_error_answers_use_a_documented_type(api: Api) -> None:
+    # Given every route of the OpenAPI document, called by a principal without rights on anything
+    c = await api(quotas={"default": {"sessions_owned": 1}})
+    alice, bob = c["alice"], c["bob"]
+    job_id = (await alice.post("/v1/environments/env/sessions/v1", json=_call(), headers=ASYNC)).json()["id"]
+    paths = (await alice.get("/openapi.json")).json()["paths"]
+    values = {"env": "env", "sid": "v1", "job_id": job_id, "entry_id": "0-1", "name": "env"}
+    answers: list[httpx.Response] = []
+    async with httpx.AsyncClient(base_url=str(alice.base_url), timeout=30) as anonymous:
+        for path, methods in paths.items():
+            url = re.sub(r"\{(\w+)\}", lambda m: values.get(m.group(1), "x"), path)
+            for method in methods:
+                for client in (bob, anonymous):
+                    answers.append(await client.request(method.upper(), url, content=b"{not json"))
+                    answers.append(await client.request(method.upper(), url, json={"calls": "x"}))
+        answers.append(await anonymous.request("PUT", "/v1/jobs/x"))
+    # ... and the refusals tenancy adds
+    answers += [
+        await bob.post("/v1/environments/env/sessions/v1", json=_call()),
+        await bob.post("/v1/environments/nope/sessions/v1", json=_call()),
+        await alice.post("/v1/environments/env/sessions/v1", json=_call("rm -rf /")),
+        await alice.post("/v1/environments/env/sessions/v2", json=_call(), headers=ASYNC),
+        await bob.post(
+            "/v1/environments/env/sessions/b",
+            json=_call(callback_url="http://127.0.0.1:9/h", callback_secret_id="alices"),
+        ),
+        await bob.get("/v1/audit", params={"cursor": "x"}),
+    ]
+    # Then each error answer is problem+json with a type README lists
+    errors = [a for a in answers if a.status_code >= 400]
+    documented = _readme_problem_slugs()
+    seen = set()
+    for answer in errors:
+        assert answer.headers["content-type"].startswith("application/problem+json"), answer.request.url
+        slug = answer.json()["type"].removeprefix(TYPE_BASE)
+        assert slug in documented, f"{answer.request.method} {answer.request.url}: {slug} not in README"
+        seen.add(slug)
+    assert {
+        "unauthorized",
+        "forbidden",
+        "not_found",
+        "policy_denied",
+        "quota_exceeded",
+        "callback_secret_forbidden",
+        "bad_request",
+        "method_not_allowed",
+    } <= seen
+
+
+def test_readme_lists_every_problem_type() -> None:
+    missing = set(PROBLEM_TYPES) - _readme_problem_slugs()
+    assert not missing, f"add a row for each of {sorted(missing)} to README's 'Problem types' table"
