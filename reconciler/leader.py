@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 
-from common.queue.consumer import TRANSIENT
+from common.queue.models import TRANSIENT
 from reconciler.store import ReconcilerStore
 
 log = logging.getLogger("atefleet.reconciler.leader")

@@ -157,12 +157,15 @@ class JobHandlers:
         return nxt is not None and nxt.kind == JobKind.TOOL and bool(nxt.payload.get("auto_resume"))
 
     async def _env_variables(self, ctx: JobContext) -> dict[str, str]:
-        """The call's env vars, opened from their sealed form; deleted from Redis as they are taken."""
+        """The call's env vars, opened from their sealed form (kept in Redis until the job ends,
+        so a retried start gets them too). Declared but gone: the job fails rather than run
+        without them."""
         if not ctx.job.payload.get("env_names"):
             return {}  # nothing sealed: skip the round trip
         secrets = await ctx.take_secrets()
         if not secrets or SEALED_ENV_KEY not in secrets:
-            return {}
+            raise JobFailed(problem(500, "secrets_missing", "Env variables missing",
+                                    "the call's env variables are no longer stored; it was not run"))
         try:
             return self.secret_box.open(secrets[SEALED_ENV_KEY])
         except SecretError as err:

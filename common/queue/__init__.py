@@ -28,6 +28,7 @@ from common.queue.models import (
     LeaseLost,
     NewJob,
     QueueError,
+    RedisFull,
     RetryLater,
 )
 from common.queue.queue import Queue
@@ -59,6 +60,7 @@ __all__ = [
     "Outcome",
     "Queue",
     "QueueError",
+    "RedisFull",
     "RetryLater",
     "Watch",
     "session_name",

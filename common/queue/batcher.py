@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 from common.queue.link import RedisArg, RedisLink
+from common.queue.models import OOM_REPLY, RedisFull
 
 __all__ = ["LuaScript", "RedisArg", "ScriptBatcher"]
 
@@ -35,12 +36,19 @@ class ScriptBatcher:
         self._link = RedisLink(redis)
 
     async def call(self, script: LuaScript, keys: Sequence[str], args: Sequence[RedisArg]) -> Any:
+        """The script's reply. Raises RedisFull when Redis, at maxmemory, refused the script's
+        first write (a script that wrote once is let finish, so nothing is half-written)."""
         try:
-            return await self._link.execute("EVALSHA", script.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            # A restarted Redis (or SCRIPT FLUSH) forgot it: load it (idempotent), call again.
-            await self._link.execute("SCRIPT", "LOAD", script.source)
-            return await self._link.execute("EVALSHA", script.sha, len(keys), *keys, *args)
+            try:
+                return await self._link.execute("EVALSHA", script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                # A restarted Redis (or SCRIPT FLUSH) forgot it: load it (idempotent), call again.
+                await self._link.execute("SCRIPT", "LOAD", script.source)
+                return await self._link.execute("EVALSHA", script.sha, len(keys), *keys, *args)
+        except ResponseError as err:
+            if OOM_REPLY in str(err):
+                raise RedisFull(str(err)) from err
+            raise
 
     async def aclose(self) -> None:
         await self._link.aclose()

@@ -23,11 +23,12 @@ from typing import Any, TypeVar
 
 from common.metrics import JOB_RETRIES, JOBS_FINISHED, Children
 from common.queue.context import Handler, JobContext
-from common.queue.leases import BACKOFF_MAX_S, BACKOFF_MIN_S, TRANSIENT, LeaseKeeper, Turn
+from common.queue.leases import BACKOFF_MAX_S, BACKOFF_MIN_S, LeaseKeeper, Turn
 from common.queue.link import RedisLink
 from common.queue.models import (
     PROBLEM_CANCELLED,
     PROBLEM_INVALID_RESULT,
+    TRANSIENT,
     JobCancelled,
     JobFailed,
     JobRecord,
@@ -284,6 +285,11 @@ class Consumer:
         self, turn: Turn, job: JobRecord, outcome: _Outcome, take_next: bool
     ) -> JobRecord | None:
         """Record the outcome (fenced); the next job of this turn, or None when it ended."""
+        # Output still held goes with the terminal transition; a retried or lost job drops it
+        # (the next run's output replaces it).
+        ctx = turn.ctx
+        output = await ctx.output.close() if ctx is not None else ""
+        output_cut = ctx is not None and ctx.output.truncated
         try:
             retry, state = outcome.retry, outcome.state
             if retry is not None:
@@ -302,7 +308,7 @@ class Consumer:
                 nxt = await self._retrying(
                     lambda: self.queue.complete(
                         turn.lease, job.id, state, result=outcome.result, error=outcome.error,
-                        take_next=take_next,
+                        take_next=take_next, output=output, output_truncated=output_cut,
                     ),
                     turn.expires_at,
                 )
@@ -341,10 +347,10 @@ class Consumer:
                 return await call()
             except TRANSIENT as err:
                 if deadline is not None and time.monotonic() + backoff > deadline:
-                    raise LeaseLost(f"redis unreachable until the lease deadline: {err}") from err
+                    raise LeaseLost(f"redis unreachable or full until the lease deadline: {err}") from err
                 if deadline is None and self._stop.is_set():
                     raise Stopped from err
-                log.info("redis unreachable (%s); retrying in %.2f s", err, backoff)
+                log.info("redis unreachable or full (%s); retrying in %.2f s", err, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(BACKOFF_MAX_S, backoff * 2)
 

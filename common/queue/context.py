@@ -7,6 +7,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from common.queue.models import JobRecord
+from common.queue.output import JobOutput
 from common.queue.queue import Queue
 from common.queue.scripts import Lease
 
@@ -24,6 +25,9 @@ class JobContext:
         self.job = job
         self.cancelled = asyncio.Event()
         self.lease_lost = False
+        #: Held, folded or streamed, and capped (see common/queue/output.py); the Consumer hands
+        #: what is still held to `complete`.
+        self.output = JobOutput(queue, lease, job.id, queue.output_limits)
         if job.cancel_requested:
             self.cancelled.set()
 
@@ -36,12 +40,14 @@ class JobContext:
         """A client asked to cancel (as opposed to the lease being lost)."""
         return self.cancelled.is_set() and not self.lease_lost
 
-    async def append_output(self, stream: str, data: str) -> str:
-        """Append a chunk (`stdout`/`stderr`) to the job's capped output stream; the entry id."""
-        return await self.queue.append_output(self.lease, self.job.id, stream, data)
+    async def append_output(self, stream: str, data: str) -> None:
+        """Add a chunk (`stdout`/`stderr`) to the job's output (readers see it within
+        `jobs.output_hold_s`). Raises LeaseLost once the lease is gone."""
+        await self.output.append(stream, data)
 
     async def take_secrets(self) -> dict[str, str] | None:
-        """The job's per-call secrets, deleted from Redis by this call (None when none/taken)."""
+        """The job's per-call secrets (None when it has none, or they are gone: expired with the
+        job's TTL). They stay in Redis until the job ends, so a retried start gets them again."""
         return await self.queue.take_secrets(self.lease, self.job.id)
 
     async def update_session(self, **fields: str | int | float) -> None:

@@ -16,19 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from common.metrics import LEASE_LOSSES
 from common.queue.context import JobContext
 from common.queue.link import RedisLink
+from common.queue.models import TRANSIENT
 from common.queue.queue import Queue
 from common.queue.scripts import Lease
 
 log = logging.getLogger("atefleet.queue.consumer")
-
-#: Errors that mean "Redis is unreachable right now": retried with backoff.
-TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
 
 #: Reconnect backoff bounds (seconds).
 BACKOFF_MIN_S = 0.05

@@ -7,6 +7,7 @@ Exceptions (one hierarchy for the queue boundary):
      ├── SessionNotOwned       the session belongs to another principal (Tenancy.OWN)
      ├── QuotaRefused          the job would exceed one of its principal's quotas
      ├── LeaseLost             a fenced write was refused: the caller no longer owns the session
+     └── RedisFull             Redis refused a write (maxmemory reached): nothing was written
 
 Handler outcomes (raised by a Consumer handler, not errors of the queue itself):
 
@@ -23,6 +24,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import OutOfMemoryError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from common.problem_types import problem_type
 from common.queue.keys import split_session
@@ -89,6 +94,19 @@ class QuotaRefused(QueueError):
 
 class LeaseLost(QueueError):
     """A fenced script found another lease value (or none): this worker no longer owns the session."""
+
+
+class RedisFull(QueueError):
+    """Redis is at `maxmemory` and refused a script's first write, so the script wrote nothing
+    (Redis lets a script that has written once finish its writes). Retry later: memory frees as
+    jobs end and records expire."""
+
+
+#: How Redis words the refusal, inside a script's error reply or as a command's own `-OOM` reply.
+OOM_REPLY = "OOM command not allowed"
+
+#: Errors that mean "Redis cannot serve this right now" (unreachable, or full): retried with backoff.
+TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError, RedisFull, OutOfMemoryError)
 
 
 class HandlerOutcome(Exception):
@@ -179,6 +197,8 @@ class JobRecord:
     error: dict[str, Any] | None
     cancel_requested: bool
     webhook_attempts: list[dict[str, Any]] = field(default_factory=list)
+    #: What was cut to fit its caps: "output" (`jobs.output_max_bytes`), "result" (`result_max_bytes`).
+    truncated: tuple[str, ...] = ()
 
     @property
     def session(self) -> str:
@@ -223,6 +243,7 @@ class JobRecord:
             error=_json_or_none(f.get("err")),
             cancel_requested=f.get("cx") == "1",
             webhook_attempts=json.loads(f.get("wh") or "[]"),
+            truncated=tuple(f["tr"].split(",")) if f.get("tr") else (),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -246,6 +267,7 @@ class JobRecord:
             "error": self.error,
             "cancel_requested": self.cancel_requested,
             "webhook_attempts": self.webhook_attempts,
+            "truncated": list(self.truncated),
         }
 
 

@@ -32,14 +32,13 @@ from common.queue.models import (
     NewJob,
     text,
 )
+from common.queue.output import OutputLimits, fit_result
 from common.queue.scripts import EVENTS_MAXLEN, Handoff, Lease, QueueScripts, ScriptLimits, compact_json
 
 #: Lifetime of an output stream that holds only the end marker (the job wrote no output but a
 #: reader was blocked on it): long enough to wake that reader; later ones see the terminal record.
 END_MARKER_TTL_MS = 10_000
 
-#: Entry id returned for the end marker of a job whose (output-less) stream has expired.
-SYNTHETIC_END_ID = "0-1"
 
 
 #: Session hash fields the queue owns; `update_session` refuses them.
@@ -98,9 +97,12 @@ class Queue:
         self.lease_ttl_ms = int(config.workers.lease_ttl_s * 1000)
         #: `wait_handoffs`' connection when its caller brings none (opened on first use).
         self._inbox_link = RedisLink(redis)
+        self.output_limits = OutputLimits.of(config.jobs)
         self.scripts = QueueScripts(redis, self.keys, ScriptLimits(
             ttl_ms=int(config.jobs.ttl_s * 1000),
             end_ttl_ms=end_marker_ttl_ms,
+            output_ttl_ms=int(config.jobs.output_ttl_s * 1000),
+            fold_max_bytes=config.jobs.output_fold_max_bytes,
             output_maxlen=config.jobs.output_stream_maxlen,
             lease_ttl_ms=self.lease_ttl_ms,
             idempotency_ttl_ms=int(config.jobs.idempotency_ttl_s * 1000),
@@ -172,7 +174,9 @@ class Queue:
         """Output entries after `after` (`{"stream", "data"}`, finally `{"event": "end"}`).
 
         With block_ms > 0, waits up to that long for the next entries (one connection while
-        blocked). An unknown job has no entries.
+        blocked). An unknown job has no entries. A finished job
+        without a stream (output folded into its record, or its stream expired) answers from the
+        record (`_folded`).
         """
         key = self.keys.output(job_id)
         entries = await self.redis.xrange(key, min=f"({after}", count=count)
@@ -191,8 +195,22 @@ class Queue:
             if job is None:
                 return []
         if job.terminal and not await self.redis.exists(key):
-            return [] if after == SYNTHETIC_END_ID else [(SYNTHETIC_END_ID, {"event": "end"})]
+            return await self._folded(job_id, after)
         return await self._block_on_output(key, after, block_ms, count)
+
+    async def _folded(self, job_id: str, after: str) -> list[OutputEntry]:
+        """The output `complete` folded into the record (`o`), as entries `0-1`, `0-2`, ..., then
+        the end marker; after an id of a real stream (since expired), only the end marker."""
+        raw = await self.redis.hget(self.keys.job(job_id), "o")  # type: ignore[misc]
+        flat = json.loads(raw) if raw else []
+        entries: list[OutputEntry] = [
+            (f"0-{i // 2 + 1}", {"stream": flat[i], "data": flat[i + 1]}) for i in range(0, len(flat), 2)
+        ]
+        entries.append((f"0-{len(entries) + 1}", {"event": "end"}))
+        ms, _, seq = after.partition("-")
+        if ms != "0":
+            return entries[-1:]
+        return entries[int(seq or 0):]
 
     async def _block_on_output(self, key: str, after: str, block_ms: int, count: int) -> list[OutputEntry]:
         if block_ms <= 0:
@@ -276,16 +294,25 @@ class Queue:
 
     async def complete(
         self, lease: Lease, job_id: str, state: JobState, *, result: dict[str, Any] | None = None,
-        error: dict[str, Any] | None = None, take_next: bool = False,
+        error: dict[str, Any] | None = None, take_next: bool = False, output: str = "",
+        output_truncated: bool = False,
     ) -> JobRecord | None:
         """Fenced terminal transition; then the next job (running) when take_next, else release.
 
-        Returns the next job, or None when the session was released. Raises LeaseLost.
+        `output` is what the job's `JobOutput` still held (`close()`), `output_truncated` whether
+        it cut output; a result past `jobs.result_max_bytes` is cut here. Returns the next job,
+        or None when the session was released. Raises LeaseLost.
         """
         field, value = ("res", result) if result is not None else ("err", error)
-        encoded = compact_json(value) if value is not None else ""
+        encoded, result_cut = "", False
+        if value is not None:
+            encoded, result_cut = fit_result(value, compact_json(value), self.config.jobs.result_max_bytes)
         field = field if value is not None else ""
-        return await self.scripts.complete(lease, job_id, str(state), field, encoded, now_ms(), take_next)
+        cuts = (("output", output_truncated), ("result", result_cut))
+        truncated = ",".join(name for name, cut in cuts if cut)
+        return await self.scripts.complete(
+            lease, job_id, str(state), field, encoded, now_ms(), take_next, output, truncated
+        )
 
     async def retry_later(
         self, lease: Lease, job_id: str, reason: str, attempts: int, delay_s: float | None = None

@@ -50,8 +50,10 @@ SCRIPT_NAMES = (
 class ScriptLimits:
     """Config values compiled into the scripts (all milliseconds or entry counts)."""
 
-    ttl_ms: int  # terminal jobs and their output
-    end_ttl_ms: int  # an output stream holding only the end marker
+    ttl_ms: int  # terminal job records
+    end_ttl_ms: int  # an output stream written only to wake a reader blocked on it
+    output_ttl_ms: int  # a finished job's output stream
+    fold_max_bytes: int  # output folded into the record at most
     output_maxlen: int
     lease_ttl_ms: int
     idempotency_ttl_ms: int
@@ -61,6 +63,7 @@ class ScriptLimits:
         return (
             f"local EVENTS_MAXLEN = {self.events_maxlen}\nlocal DLQ_MAXLEN = {DLQ_MAXLEN}\n"
             f"local TTL_MS = {self.ttl_ms}\nlocal END_TTL_MS = {self.end_ttl_ms}\n"
+            f"local OUT_TTL_MS = {self.output_ttl_ms}\nlocal FOLD_MAX = {self.fold_max_bytes}\n"
             f"local OUT_MAXLEN = {self.output_maxlen}\nlocal LEASE_TTL_MS = {self.lease_ttl_ms}\n"
             f"local IDEM_TTL_MS = {self.idempotency_ttl_ms}\nlocal DONE_INLINE_MAX = {DONE_INLINE_MAX}\n"
         )
@@ -185,12 +188,14 @@ class QueueScripts:
         return int(await self._run("retire", [worker_id, now_ms, int(wake)]))
 
     async def complete(
-        self, lease: Lease, job_id: str, state: str, field: str, value: str, now_ms: int, take_next: bool
+        self, lease: Lease, job_id: str, state: str, field: str, value: str, now_ms: int, take_next: bool,
+        output: str = "", truncated: str = "",
     ) -> JobRecord | None:
         """Finish the running job; the next job (now running) or None when released."""
         raw = await self._run(
             "complete",
-            [lease.value, lease.session, lease.epoch, job_id, state, field, value, now_ms, int(take_next)],
+            [lease.value, lease.session, lease.epoch, job_id, state, field, value, now_ms, int(take_next),
+             output, truncated],
         )
         status = _str(raw[0])
         if status == "lost":

@@ -5,24 +5,33 @@
 -- K_ACTIVE, K_WORK, K_IDLE, K_IDLE_UNTIL, CH_DONE, CH_CANCEL and the builders job_key, out_key,
 -- sec_key, fifo_key, sess_key, lease_key, idem_key, index_key, inbox_key.
 -- From the config (common/queue/scripts.py): EVENTS_MAXLEN, DLQ_MAXLEN, TTL_MS (terminal jobs),
--- END_TTL_MS (end-marker-only output streams), OUT_MAXLEN, LEASE_TTL_MS, IDEM_TTL_MS,
--- DONE_INLINE_MAX (largest answer carried inline on the done channel).
+-- END_TTL_MS (streams written only to wake a blocked reader), OUT_TTL_MS (finished output
+-- streams), FOLD_MAX (output folded into the record at most), OUT_MAXLEN, LEASE_TTL_MS,
+-- IDEM_TTL_MS, DONE_INLINE_MAX (largest answer carried inline on the done channel).
 
 local TERMINAL = {succeeded = true, failed = true, cancelled = true}
 
--- One entry per job state change; `cb` marks jobs with a callback. Terminal ones of those also
--- go to `callbacks`, the webhook deliverer's own input.
+-- One entry per job state change (its id carries the time); `cb` marks jobs with a callback.
+-- Terminal ones of those also go to `callbacks`, the webhook deliverer's own input.
 local function emit(jid, session, state, now, has_cb)
   if has_cb then
     redis.call('XADD', K_EVENTS, 'MAXLEN', '~', EVENTS_MAXLEN, '*',
-      'job', jid, 'session', session, 'state', state, 'ts_ms', now, 'cb', '1')
+      'job', jid, 'session', session, 'state', state, 'cb', '1')
     if TERMINAL[state] then
       redis.call('XADD', K_CALLBACKS, 'MAXLEN', '~', EVENTS_MAXLEN, '*',
         'job', jid, 'session', session, 'state', state, 'ts_ms', now, 'cb', '1')
     end
   else
     redis.call('XADD', K_EVENTS, 'MAXLEN', '~', EVENTS_MAXLEN, '*',
-      'job', jid, 'session', session, 'state', state, 'ts_ms', now)
+      'job', jid, 'session', session, 'state', state)
+  end
+end
+
+-- Append output chunks (`output`: JSON [stream, data, stream, data, ...]) to a stream.
+local function append_chunks(key, output)
+  local flat = cjson.decode(output)
+  for i = 1, #flat, 2 do
+    redis.call('XADD', key, 'MAXLEN', '~', OUT_MAXLEN, '*', 'stream', flat[i], 'data', flat[i + 1])
   end
 end
 
@@ -140,10 +149,13 @@ local function hand_back(worker, now)
   return n
 end
 
--- Terminal transition: out of the FIFO, record state + result/error, TTLs, end marker, secrets
--- gone, event, and the waiters' channel. `field` is 'res' or 'err' (or false for none).
+-- Terminal transition: out of the FIFO, record state + result/error, TTLs, output, secrets
+-- gone, event, and the waiters' channel. `field` is 'res' or 'err' (or false for none);
+-- `output` the output the worker still held (JSON, see append_chunks; '' for none) and
+-- `truncated` what was cut ('output', 'result', both comma-separated, or '').
 -- A job already terminal is left alone (a retried call whose first reply was lost): false.
-local function finish(jid, session, state, field, value, now)
+-- The first write is LREM (not refused at maxmemory), so under a full Redis it still runs whole.
+local function finish(jid, session, state, field, value, now, output, truncated)
   local jk = job_key(jid)
   local f = redis.call('HMGET', jk, 'st', 'cb', 'ow')
   if TERMINAL[f[1] or ''] then return false end
@@ -157,14 +169,21 @@ local function finish(jid, session, state, field, value, now)
   redis.call('PEXPIRE', jk, TTL_MS)
   redis.call('DEL', sec_key(jid))
   local ok = out_key(jid)
-  if redis.call('EXISTS', ok) == 1 then
+  output = output or ''
+  if redis.call('EXISTS', ok) == 1 or #output > FOLD_MAX then
+    -- Streamed: its tail, the end marker, and as long as a reader may still stream it.
+    if output ~= '' then append_chunks(ok, output) end
     redis.call('XADD', ok, 'MAXLEN', '~', OUT_MAXLEN, '*', 'event', 'end')
-    redis.call('PEXPIRE', ok, TTL_MS)
-  elseif f[3] then
-    -- No output, but a reader is blocked on the stream (`ow`): wake it with a short-lived end
-    -- marker. Later readers see the terminal record instead.
-    redis.call('XADD', ok, '*', 'event', 'end')
-    redis.call('PEXPIRE', ok, END_TTL_MS)
+    redis.call('PEXPIRE', ok, OUT_TTL_MS)
+  else
+    -- Small and quick: folded into the record (readers get it from there, see read_output).
+    if output ~= '' then redis.call('HSET', jk, 'o', output) end
+    if f[3] then
+      -- A reader is blocked on the stream (`ow`): give it the output and an end marker, briefly.
+      if output ~= '' then append_chunks(ok, output) end
+      redis.call('XADD', ok, '*', 'event', 'end')
+      redis.call('PEXPIRE', ok, END_TTL_MS)
+    end
   end
   emit(jid, session, state, now, f[2])
   -- A finished job is session activity (what idle suspension measures from), in unix seconds.

@@ -4,6 +4,7 @@
 -- ARGV[1] lease value "<worker>:<epoch>"   ARGV[2] session   ARGV[3] epoch   ARGV[4] jid
 -- ARGV[5] state (succeeded|failed|cancelled)   ARGV[6] 'res' | 'err' | '' (field to store)
 -- ARGV[7] its JSON   ARGV[8] now_ms   ARGV[9] '1' take next | '0' release
+-- ARGV[10] output the worker still held ('' none)   ARGV[11] what was truncated ('' nothing)
 -- Returns {'next', jid, field, value, ...} | {'released'} | {'lost'} (nothing written)
 -- Touches: lease:{s}, job:{jid}, out:{jid}, sec:{jid}, sq:{s}, events, CH_DONE, work;
 -- then job:{next} (running), or the session released (and handed on: see notify in _lib.lua).
@@ -12,7 +13,7 @@ local session, now = ARGV[2], ARGV[8]
 if not owns(session, ARGV[1]) then return {'lost'} end
 local field = ARGV[6]
 if field == '' then field = false end
-finish(ARGV[4], session, ARGV[5], field, ARGV[7], now)
+finish(ARGV[4], session, ARGV[5], field, ARGV[7], now, ARGV[10], ARGV[11])
 if ARGV[9] == '1' then
   local head = take_head(session, ARGV[3], now)
   if head then

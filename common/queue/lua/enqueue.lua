@@ -114,7 +114,7 @@ for i = 1, n do
       'pr', ARGV[b + 7], 'ct', now)
     if ARGV[b + 8] ~= '' then redis.call('HSET', jk, 'cb', ARGV[b + 8]) end
     if ARGV[b + 9] ~= '' then redis.call('HSET', jk, 'cbs', ARGV[b + 9]) end
-    if ARGV[sec_base + i] ~= '' then redis.call('SET', sec_key(jid), ARGV[sec_base + i]) end
+    if ARGV[sec_base + i] ~= '' then redis.call('SET', sec_key(jid), ARGV[sec_base + i], 'PX', TTL_MS) end
     if ARGV[b + 10] ~= '' then
       redis.call('SET', idem_key(ARGV[b + 7], ARGV[b + 10]), jid .. ' ' .. ARGV[b + 11], 'PX', IDEM_TTL_MS)
     end
