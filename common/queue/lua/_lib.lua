@@ -166,6 +166,14 @@ local function finish(jid, session, state, field, value, now, output, truncated)
   else
     redis.call('HSET', jk, 'st', state, 'fa', now)
   end
+  -- Kept for `jobs.ttl_s`: what a client can ask for (state, result, error, timings, owner);
+  -- a failed job keeps its payload too, as a dead-lettered one may be replayed (replay_dlq.lua).
+  if state == 'failed' then
+    redis.call('HDEL', jk, 'ow', 'cx')
+  else
+    redis.call('HDEL', jk, 'pl', 'ow', 'cx')
+  end
+  if truncated and truncated ~= '' then redis.call('HSET', jk, 'tr', truncated) end
   redis.call('PEXPIRE', jk, TTL_MS)
   redis.call('DEL', sec_key(jid))
   local ok = out_key(jid)
