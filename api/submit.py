@@ -16,6 +16,7 @@ from starlette.responses import Response
 from api import ownership, quotas
 from api.fleet import Fleet
 from api.problems import ApiProblem, Conflict, IdempotencyConflict
+from common.config import Config, EnvLimits
 from common.job_json import job_to_json
 from common.metrics import JOBS_ENQUEUED, Children
 from common.queue import EnqueueResult, JobKind, JobRecord, JobState, NewJob, Outcome
@@ -33,6 +34,10 @@ _ENQUEUED = Children(JOBS_ENQUEUED)  # one labelled child per job kind, looked u
 #: What starlette's JSONResponse renders (compact UTF-8, no NaN), as one encoder built once:
 #: `json.dumps` with arguments builds a new encoder on every call.
 _JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+#: Added to the longest a job may take (its tool, a wait for a worker, a resume and a suspend)
+#: for the steps around them: the handoff, binding the guest, answering.
+SYNC_SLACK_S = 30.0
 
 #: The header of every answer to an async submit (RFC 7240).
 _PREFERENCE_APPLIED = (b"preference-applied", b"respond-async")
@@ -55,6 +60,42 @@ class JsonResponse(Response):
                             (b"content-type", b"application/json")]
 
 
+def prefer_wait_s(headers: Mapping[str, str]) -> float | None:
+    """`Prefer: wait=N` (RFC 7240 section 4.3): the client wants an answer within N seconds."""
+    for preference in headers.get("prefer", "").split(","):
+        name, _, value = preference.split(";", 1)[0].partition("=")
+        if name.strip().lower() == "wait":
+            seconds = value.strip().strip('"')
+            return float(seconds) if seconds.isdigit() else None  # else ignored, as RFC 7240 says
+    return None
+
+
+def sync_limit_s(config: Config, headers: Mapping[str, str], job: NewJob) -> float:
+    """How long a sync request waits before answering 202: `Prefer: wait=N` when sent, else
+    `jobs.sync_wait_s` when set, else as long as the job may take. A seed-shaped tool call thus
+    waits for its tool (bounded by the tool's own timeout), as the seed's clients expect."""
+    bound = _job_bound_s(config, job)
+    wanted = prefer_wait_s(headers)
+    if wanted is not None:
+        return min(wanted, bound)
+    return config.jobs.sync_wait_s or bound
+
+
+def _job_bound_s(config: Config, job: NewJob) -> float:
+    """The longest the job may take: its tool's timeout (a tool call), a wait for a worker, a
+    resume and a suspend, and slack."""
+    lifecycle_s = 2 * config.ate.lifecycle_deadline_s + SYNC_SLACK_S
+    if job.kind is JobKind.TOOL:
+        env = config.environment(job.environment)
+        limits = env.limits if env is not None else EnvLimits()
+        asked = (job.payload.get("arguments") or {}).get("timeout")
+        tool_s = asked if isinstance(asked, int | float) and asked > 0 else limits.timeout_default_s
+        return min(tool_s, limits.timeout_max_s) + config.workers.capacity_wait_s + lifecycle_s
+    if job.kind is JobKind.RESUME:
+        return config.workers.capacity_wait_s + lifecycle_s
+    return lifecycle_s
+
+
 def wants_async(headers: Mapping[str, str], body_flag: bool = False) -> bool:
     """`Prefer: respond-async` (RFC 7240) or an `async` flag in the body."""
     prefer = headers.get("prefer", "")
@@ -71,7 +112,7 @@ async def submit(fleet: Fleet, headers: Mapping[str, str], job: NewJob, fingerpr
     if not sync:
         result = await _enqueue(fleet, key, job, fingerprint, new_job_id())
         return await _accepted(fleet, result.job_id, result.record)
-    limit_s = wait_s if wait_s is not None else fleet.config.jobs.sync_wait_s
+    limit_s = wait_s if wait_s is not None else sync_limit_s(fleet.config, headers, job)
     job_id = new_job_id()
     # Watched before it exists: the answer then comes from the done notification alone.
     with fleet.waiter.watch(job_id) as watch:

@@ -234,8 +234,10 @@ class JobsConfig(_Model):
 
     #: A finished job's record (state, result, error, timings) expires after this.
     ttl_s: float = Field(86400.0, gt=0)
-    #: The sync route waits this long, then answers 202 with the job's location.
-    sync_wait_s: float = Field(60.0, gt=0)
+    #: A sync request waiting longer than this is answered 202 with the job's location. 0: each
+    #: waits as long as its job may take (a tool call: its own timeout plus a wait for a Substrate
+    #: worker; see api.submit.sync_limit_s). A client sets its own with `Prefer: wait=N`.
+    sync_wait_s: float = Field(0.0, ge=0)
     long_poll_max_s: float = Field(60.0, gt=0)
     output_stream_maxlen: int = Field(10000, ge=10)
     #: A finished job's output stream stays readable (SSE) this long; its result keeps the output

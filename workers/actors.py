@@ -9,6 +9,7 @@ an earlier resume may serve another actor now (the guest's identity check is the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -40,10 +41,12 @@ log = logging.getLogger("atefleet.worker.actors")
 #: A guest that answered this recently is used without asking Substrate again (seconds). Safe
 #: because the guest refuses any other session, and a vanished guest makes the caller re-resolve.
 GUEST_TRUST_S = 2.0
-#: How often a waiting resume looks at its place (s): admitted ones ask Substrate this often,
-#: the others a little less often the further back they stand, up to the maximum.
+#: How often a waiting resume looks at its place (s): the further back, the less often, up to
+#: the maximum. Admitted ones ask Substrate again as soon as this worker finishes a suspend (most
+#: parks), else after ADMITTED_RETRY_S (a worker freed elsewhere: another process, a cluster).
 CAPACITY_POLL_S = 0.05
 CAPACITY_POLL_MAX_S = 1.0
+ADMITTED_RETRY_S = 0.25
 #: Principal recorded on the park jobs a waiting resume enqueues.
 PARK_PRINCIPAL = "capacity"
 #: How long to wait for an actor another operation left RESUMING/SUSPENDING, seconds.
@@ -84,6 +87,8 @@ class ActorKeeper:
         #: `set_waiting`, wired by workers.main): those turns do not hold its concurrency.
         self.on_waiting: Callable[[int], None] = lambda turns: None
         self._waiting = 0
+        #: Set (and replaced) whenever this worker finishes a suspend: a Substrate worker is free.
+        self._freed = asyncio.Event()
         #: Guests of recently served sessions, least recently used first (bounded, see _remember).
         self._guests: OrderedDict[str, RunningGuest] = OrderedDict()
         self._max_cached = max(64, config.workers.concurrency * 4)
@@ -240,11 +245,22 @@ class ActorKeeper:
                             continue
                 if time.monotonic() > deadline:
                     raise self._no_capacity(ctx, turn)
-                await asyncio.sleep(_poll_s(turn))
+                await self._pause(turn)
         finally:
             if waiting:
                 self._wait_ends()
                 await self.capacity.leave(session)
+
+    async def _pause(self, turn: Turn | None) -> None:
+        if turn is not None and not turn.admitted:
+            await asyncio.sleep(_poll_s(turn))
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._freed.wait(), ADMITTED_RETRY_S)
+
+    def _worker_freed(self) -> None:
+        self._freed.set()
+        self._freed = asyncio.Event()
 
     def _wait_begins(self) -> bool:
         self._waiting += 1
@@ -341,6 +357,7 @@ class ActorKeeper:
         LIFECYCLE_LATENCY.labels(op="suspend").observe(took_ms / 1000)
         await ctx.update_session(state="suspended", last_suspend_ms=str(took_ms), background_processes="[]",
                                  suspended_by=str(by))
+        self._worker_freed()
         await self.capacity.suspended(ctx.job.session, by, ctx.job.id)
         if by in FLEET_PARKS:
             PARKS.labels(reason=str(by)).inc()
@@ -383,10 +400,9 @@ class ActorKeeper:
         return _infra(err)
 
 
-def _poll_s(turn: Turn | None) -> float:
-    """How long a waiting resume sleeps before looking again: the further back, the longer."""
-    behind = 0 if turn is None or turn.admitted else turn.rank - ADMIT_WINDOW + 1
-    return min(CAPACITY_POLL_MAX_S, CAPACITY_POLL_S * (1 + behind))
+def _poll_s(turn: Turn) -> float:
+    """How long a waiting resume not yet admitted sleeps before looking again."""
+    return min(CAPACITY_POLL_MAX_S, CAPACITY_POLL_S * (1 + turn.rank - ADMIT_WINDOW + 1))
 
 
 def _infra(err: SubstrateError) -> Exception:
