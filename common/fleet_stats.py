@@ -89,8 +89,9 @@ class Fold:
     session_jobs: defaultdict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
     drifts: defaultdict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
 
-    def add(self, fields: Mapping[str, str]) -> None:
-        ts_ms = int(fields.get("ts_ms") or 0)
+    def add(self, entry_id: str, fields: Mapping[str, str]) -> None:
+        """One `events` entry; its time is its stream id's (the scripts' own clock)."""
+        ts_ms = int(entry_id.partition("-")[0])
         second = ts_ms // 1000
         if "drift" in fields:
             self.seconds[second]["drift"] += 1
@@ -114,10 +115,10 @@ class Fold:
             counter[f"l{latency_bucket(ts_ms - created_ms)}"] += 1
 
 
-def fold(entries: Iterable[Mapping[str, str]]) -> Fold:
+def fold(entries: Iterable[tuple[str, Mapping[str, str]]]) -> Fold:
     result = Fold()
-    for fields in entries:
-        result.add(fields)
+    for entry_id, fields in entries:
+        result.add(entry_id, fields)
     return result
 
 
@@ -208,7 +209,7 @@ class StatsPass:
         entries = await self.redis.xrange(self.keys.events, min=f"({cursor}", count=FOLD_MAX)
         report.examined += len(entries)
         if entries:
-            await self._write(fold({text(k): text(v) for k, v in f.items()} for _, f in entries),
+            await self._write(fold((text(i), {text(k): text(v) for k, v in f.items()}) for i, f in entries),
                               text(entries[-1][0]))
         if time.monotonic() - self._counted_at >= SESSION_COUNT_PERIOD_S:
             await self._count_sessions()

@@ -45,17 +45,18 @@ async def test_a_pass_folds_new_events_once(redis_client: aioredis.Redis) -> Non
     # given events of 3 jobs (one failed, one retried), a drift, and an entry with no job
     keys = Keys("af:")
     events = [
-        {"job": _jid(T0_MS, 1), "session": "e/s1", "state": "queued", "ts_ms": T0_MS},
-        {"job": _jid(T0_MS, 1), "session": "e/s1", "state": "running", "ts_ms": T0_MS + 2},
-        {"job": _jid(T0_MS, 1), "session": "e/s1", "state": "succeeded", "ts_ms": T0_MS + 10},
-        {"job": _jid(T0_MS, 2), "session": "e/s2", "state": "queued", "ts_ms": T0_MS + 1},
-        {"job": _jid(T0_MS, 2), "session": "e/s2", "state": "queued", "ts_ms": T0_MS + 1500},
-        {"job": _jid(T0_MS, 2), "session": "e/s2", "state": "failed", "ts_ms": T0_MS + 2000},
-        {"session": "e/s2", "drift": "memory_lost", "detail": "pod gone", "ts_ms": T0_MS + 2500},
-        {"state": "queued", "ts_ms": T0_MS},
+        {"job": _jid(T0_MS, 1), "session": "e/s1", "state": "queued"},
+        {"job": _jid(T0_MS, 2), "session": "e/s2", "state": "queued"},
+        {"job": _jid(T0_MS, 1), "session": "e/s1", "state": "running"},
+        {"job": _jid(T0_MS, 1), "session": "e/s1", "state": "succeeded"},
+        {"job": _jid(T0_MS, 2), "session": "e/s2", "state": "queued"},
+        {"job": _jid(T0_MS, 2), "session": "e/s2", "state": "failed"},
+        {"session": "e/s2", "drift": "memory_lost", "detail": "pod gone"},
+        {"state": "queued"},
     ]
-    for fields in events:
-        await redis_client.xadd(keys.events, fields)  # type: ignore[arg-type]
+    at_ms = [T0_MS, T0_MS + 1, T0_MS + 2, T0_MS + 10, T0_MS + 1500, T0_MS + 2000, T0_MS + 2500, T0_MS + 2600]
+    for fields, ms in zip(events, at_ms, strict=True):
+        await redis_client.xadd(keys.events, fields, id=f"{ms}-0")  # type: ignore[arg-type]
     stats_pass, report = StatsPass(_config(), redis_client, keys), PassReport("fleet_stats")
 
     # when the pass runs twice (the second finds nothing new)
@@ -80,8 +81,8 @@ async def test_a_pass_folds_new_events_once(redis_client: aioredis.Redis) -> Non
 async def test_indexes_are_capped(redis_client: aioredis.Redis) -> None:
     keys = Keys("af:")
     for n in range(SESSION_JOBS_MAX + 5):
-        await redis_client.xadd(keys.events, {"job": _jid(T0_MS + n, n), "session": "e/s",
-                                              "state": "queued", "ts_ms": T0_MS + n})
+        await redis_client.xadd(keys.events, {"job": _jid(T0_MS + n, n), "session": "e/s", "state": "queued"},
+                                id=f"{T0_MS + n}-0")
     await StatsPass(_config(), redis_client, keys).run(PassReport("fleet_stats"))
     assert await redis_client.zcard(keys.session_jobs("e/s")) == SESSION_JOBS_MAX
     newest = await FleetStats(redis_client, keys).session_jobs("e/s", 1)
