@@ -11,6 +11,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+import shtab
+
+from atefleet.client_cli import add_client_commands, run_client_command
 from common.config import Config, ConfigError, load_config
 from common.logs import setup_logging
 
@@ -38,19 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     # `guest` takes the guest's own options (`atefleet guest --listen ...`); main() hands them over
     # before parsing, since argparse's REMAINDER cannot capture options that start with "--".
     sub.add_parser("guest", help="run the in-actor tool server (options: see `python -m guest --help`)")
-    e = sub.add_parser("exec", help="run a shell command in a session and stream its output")
-    e.add_argument("environment")
-    e.add_argument("session")
-    e.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND...")
-    s = sub.add_parser("sessions", help="list, show, suspend or destroy sessions")
-    s.add_argument("action", choices=["ls", "show", "suspend", "destroy"], nargs="?", default="ls")
-    s.add_argument("environment", nargs="?")
-    s.add_argument("session", nargs="?")
-    s.add_argument("--keep-snapshot", action="store_true")
-    s.add_argument("--force", action="store_true")
-    j = sub.add_parser("jobs", help="show a job")
-    j.add_argument("action", choices=["show"])
-    j.add_argument("job_id")
+    add_client_commands(sub)
+    c = sub.add_parser("completion", help='a shell completion script: eval "$(atefleet completion bash)"')
+    c.add_argument("shell", choices=["bash", "zsh", "tcsh"])
     return p
 
 
@@ -68,11 +61,18 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         guest_main(argv[1:])
         return
-    args = _parser().parse_args(argv)
-    if args.command in ("exec", "sessions", "jobs"):
-        from atefleet.client_cli import run_client_command
-
+    parser = _parser()
+    # `exec ENV SID [options] -- COMMAND...`: what follows `--` is the command, whatever it looks
+    # like (argparse cannot take options after a list positional).
+    command = argv[argv.index("--") + 1:] if argv[:1] == ["exec"] and "--" in argv else None
+    args = parser.parse_args(argv if command is None else argv[:argv.index("--")])
+    if command is not None:
+        args.cmd = command
+    if getattr(args, "client_handler", None) is not None:
         sys.exit(run_client_command(args))
+    if args.command == "completion":
+        print(shtab.complete(parser, shell=args.shell))
+        return
     config = _load(args.config)
     setup_logging(args.command, config.log_level)
     if args.command == "up":
