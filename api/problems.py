@@ -42,14 +42,19 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import OutOfMemoryError as RedisOutOfMemoryError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from common.problem_types import PROBLEM_TYPES, TYPE_BASE, problem_type
+from common.queue.models import RedisFull
 
 #: Media type of every error answer (RFC 9457 section 3).
 PROBLEM_MEDIA_TYPE = "application/problem+json"
+
+#: Retry-After (seconds) while Redis is full: finished records expire over minutes, not at once.
+FULL_RETRY_AFTER_S = 5
 
 #: Members RFC 9457 defines; extensions must not shadow them.
 _STANDARD_MEMBERS = frozenset({"type", "title", "status", "detail", "instance"})
@@ -313,6 +318,11 @@ def as_problem(exc: Exception) -> ApiProblem:
         # Redis restarting or unreachable: a retry soon will do (an Idempotency-Key makes it safe
         # when the request may have been enqueued before the connection dropped).
         return Unavailable("the job queue (Redis) is unreachable; retry shortly", retry_after_s=1)
+    if isinstance(exc, RedisFull | RedisOutOfMemoryError):
+        # Redis at maxmemory refused the write, so nothing was recorded; memory frees as jobs end
+        # and finished records expire.
+        return Unavailable("the job queue (Redis) is full; nothing was recorded; retry later",
+                           retry_after_s=FULL_RETRY_AFTER_S)
     return InternalError()
 
 
@@ -325,5 +335,5 @@ async def _render(request: Request, exc: Exception) -> Response:
 def install_problem_handlers(app: FastAPI) -> None:
     """Answer every error of `app` with problem+json (ApiProblem, validation, HTTP, unexpected)."""
     for exc_class in (ApiProblem, RequestValidationError, StarletteHTTPException, RedisConnectionError,
-                      RedisTimeoutError, Exception):
+                      RedisTimeoutError, RedisFull, RedisOutOfMemoryError, Exception):
         app.add_exception_handler(exc_class, _render)

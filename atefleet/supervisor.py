@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.config import Config
-from common.embedded_redis import EmbeddedRedis, start_embedded_redis
+from common.embedded_redis import EmbeddedRedis, rotate_log, start_embedded_redis
 from common.secret_box import KEY_ENV, load_key
 
 log = logging.getLogger("atefleet.supervisor")
@@ -156,7 +156,7 @@ class Supervisor:
         self._lock_state_dir()
         env = self._base_env()
         if not self.config.redis.url:
-            self.redis = start_embedded_redis(self.state_dir / "redis")
+            self.redis = start_embedded_redis(self.state_dir / "redis", settings=self.config.redis)
             env["ATEFLEET_REDIS_URL"] = self.redis.url
             log.info("embedded redis started", extra={"fields": {"port": self.redis.port}})
         self.children, substrate_addr = self._plan(env)
@@ -221,7 +221,10 @@ class Supervisor:
         now = time.monotonic()
         if self.redis is not None and self.redis.process.poll() is not None:
             log.error("embedded redis exited; restarting on the same port")
-            self.redis = start_embedded_redis(self.redis.data_dir, port=self.redis.port)
+            self.redis = start_embedded_redis(self.redis.data_dir, port=self.redis.port,
+                                              settings=self.config.redis)
+        if self.redis is not None:
+            rotate_log(self.redis.data_dir, self.config.redis.log_max_mb * 1024 * 1024)
         for child in self.children:
             proc = child.process
             if proc is None or proc.poll() is None:

@@ -2,10 +2,11 @@
 
 Terminal jobs, their results and output streams, and idempotency keys expire by the TTLs the
 queue sets; this pass verifies that (a key that missed its TTL gets one, secrets of a finished or
-vanished job are deleted), trims `events` entries older than the job TTL (the stream is otherwise
-only capped by length), and drops session-index members whose session hash is gone. The keyspace
-is walked with SCAN in bounded slices that resume where the last pass stopped. Snapshots of
-destroyed sessions go with their actor (status sync finishes such destroys).
+vanished job are deleted), trims `events` entries older than `jobs.events_ttl_s` and `callbacks`
+and `dlq` entries older than the job TTL (the streams are otherwise only capped by length), and
+drops session-index members whose session hash is gone. The keyspace is walked with SCAN in
+bounded slices that resume where the last pass stopped. Snapshots of destroyed sessions go with
+their actor (status sync finishes such destroys).
 """
 
 from __future__ import annotations
@@ -59,8 +60,10 @@ class GcPass:
             self._cursor, found = await self.queue.redis.scan(self._cursor, match=pattern, count=SCAN_COUNT)
             examined += len(found)
             batch = [c for c in (self._classify(text(k)) for k in found) if c is not None]
-            fixes = await self.store.gc_keys(batch, int(self.config.jobs.ttl_s * 1000),
-                                             int(self.config.jobs.idempotency_ttl_s * 1000))
+            jobs = self.config.jobs
+            fixes = await self.store.gc_keys(batch, int(jobs.ttl_s * 1000),
+                                             int(jobs.idempotency_ttl_s * 1000),
+                                             int(jobs.output_ttl_s * 1000))
             report.repaired("job_ttl_set", fixes.job_ttls)
             report.repaired("output_ttl_set", fixes.output_ttls)
             report.repaired("secrets_deleted", fixes.secrets_deleted)
@@ -76,10 +79,14 @@ class GcPass:
                 report.repaired("stale_index_entries", await self.store.prune_index(env.name, stale))
 
     async def _events(self, report: PassReport) -> None:
-        # Stream ids are `<ms>-<seq>`: MINID drops entries older than the job TTL. Exact, not `~`:
-        # an approximate trim keeps a whole node while any entry in it is young, i.e. forever
-        # on a quiet fleet; once a minute the exact one is cheap.
-        oldest_ms = int((time.time() - self.config.jobs.ttl_s) * 1000)
-        events = self.queue.keys.events
-        trimmed = await self.queue.redis.xtrim(events, minid=f"{oldest_ms}-0", approximate=False)
-        report.repaired("events_trimmed", int(trimmed))
+        # Stream ids are `<ms>-<seq>`: MINID drops entries older than their retention. Exact, not
+        # `~`: an approximate trim keeps a whole node while any entry in it is young, i.e.
+        # forever on a quiet fleet; once a minute the exact one is cheap. `events` keeps
+        # `jobs.events_ttl_s`; `callbacks` and `dlq` name jobs, useless once the records expire.
+        keys, jobs, now = self.queue.keys, self.config.jobs, time.time()
+        for name, stream, keep_s in (("events_trimmed", keys.events, jobs.events_ttl_s),
+                                     ("callbacks_trimmed", keys.callbacks, jobs.ttl_s),
+                                     ("dlq_trimmed", keys.dlq, jobs.ttl_s)):
+            oldest_ms = int((now - keep_s) * 1000)
+            trimmed = await self.queue.redis.xtrim(stream, minid=f"{oldest_ms}-0", approximate=False)
+            report.repaired(name, int(trimmed))

@@ -167,11 +167,11 @@ class ReconcilerStore:
 
     # -- garbage collection ----------------------------------------------------------------------
     async def gc_keys(self, batch: Sequence[tuple[str, str, str]], job_ttl_ms: int,
-                      idem_ttl_ms: int) -> GcFixes:
+                      idem_ttl_ms: int, output_ttl_ms: int) -> GcFixes:
         """batch = (kind letter, key, job key); see gc_keys.lua."""
         if not batch:
             return GcFixes()
         keys = [k for _, key, job in batch for k in (key, job)]
         kinds = "".join(kind for kind, _, _ in batch)
-        raw = await self._run("gc_keys", keys, [kinds, job_ttl_ms, idem_ttl_ms])
+        raw = await self._run("gc_keys", keys, [kinds, job_ttl_ms, idem_ttl_ms, output_ttl_ms])
         return GcFixes(*(int(x) for x in raw))

@@ -4,7 +4,7 @@
 --
 -- KEYS: pairs (key, job:{jid} of that key; the key itself for job and idempotency keys)
 -- ARGV[1] one kind letter per pair: j job record, o output stream, s secrets, i idempotency key
--- ARGV[2] terminal ttl ms   ARGV[3] idempotency ttl ms
+-- ARGV[2] terminal ttl ms   ARGV[3] idempotency ttl ms   ARGV[4] finished output ttl ms
 -- Returns {records given a TTL, streams given a TTL, secrets deleted, idempotency keys given a TTL}
 
 local TERMINAL = {succeeded = true, failed = true, cancelled = true}
@@ -19,7 +19,7 @@ for i = 1, #kinds do
     if kind == 'j' and st and TERMINAL[st] then
       redis.call('PEXPIRE', key, ARGV[2]); fixed[1] = fixed[1] + 1
     elseif kind == 'o' and finished then
-      redis.call('PEXPIRE', key, ARGV[2]); fixed[2] = fixed[2] + 1
+      redis.call('PEXPIRE', key, ARGV[4]); fixed[2] = fixed[2] + 1
     elseif kind == 's' and finished then
       redis.call('DEL', key); fixed[3] = fixed[3] + 1
     elseif kind == 'i' then

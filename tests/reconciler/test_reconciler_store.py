@@ -68,7 +68,7 @@ async def test_gc_keys_gives_ttls_and_drops_stray_secrets(queue: Queue, store: R
              ("s", k.secrets("gone"), k.job("gone")), ("s", k.secrets("live"), k.job("live")),
              ("o", k.output("done"), k.job("done")),
              ("i", k.idempotency("p", "key"), k.idempotency("p", "key"))]
-    fixes = await store.gc_keys(batch, 60_000, 60_000)
+    fixes = await store.gc_keys(batch, 60_000, 60_000, 60_000)
     assert (fixes.job_ttls, fixes.output_ttls, fixes.secrets_deleted, fixes.idempotency_ttls) == (1, 1, 1, 1)
     assert await redis_client.pttl(k.job("live")) == -1 and await redis_client.exists(k.secrets("live"))
     assert not await redis_client.exists(k.secrets("gone"))
