@@ -429,6 +429,8 @@ class FaultConfig(_Model):
     #: gRPC status code name to answer with when an error is injected.
     error_code: str = "UNAVAILABLE"
     seed: int = 0
+    #: Answer actors left RESUMING/SUSPENDING as the real server does (see local_substrate.faults).
+    upstream_transit: bool = False
 
     _blank = model_validator(mode="before")(_none_to_default)
 
