@@ -51,13 +51,13 @@ from typing import Any  # noqa: E402
 import httpx  # noqa: E402
 
 from common.guest_client import GuestClient  # noqa: E402
-from common.guest_protocol import SESSION_HEADER, GuestAddress  # noqa: E402
+from common.guest_protocol import ACTOR_HEADER, GuestAddress  # noqa: E402
 from tests.e2e.conftest import RunningFleet, base_config, free_port, start_fleet  # noqa: E402
 
 ENV = "my-env"
 SMALL_FILE = "small.txt"
 SMALL_CONTENT = "x" * 1023 + "\n"
-GUEST_SESSION = "bench/direct"
+GUEST_ACTOR = "s-direct-0123456789abcde"
 
 #: Issue 6's targets, printed next to the figures.
 TARGET_BASH_P50_MS = 3.0
@@ -329,9 +329,9 @@ async def latency(fleet: RunningFleet, guest_sock: str, n: int) -> dict[str, lis
     sid = f"lat-{uuid.uuid4()}"
     await resume_all(fleet, [sid])
     conn = await Conn.tcp(fleet.url)
-    gconn = await Conn.unix(guest_sock, {SESSION_HEADER: GUEST_SESSION})
+    gconn = await Conn.unix(guest_sock, {ACTOR_HEADER: GUEST_ACTOR})
     async with async_client(fleet, 4) as client, \
-            GuestClient(GuestAddress(uds=guest_sock), session=GUEST_SESSION) as guest:
+            GuestClient(GuestAddress(uds=guest_sock), actor=GUEST_ACTOR) as guest:
         await fleet_call(conn, sid, WRITE_SMALL)()
         paths = {
             "fleet_bash": fleet_call(conn, sid, BASH_TRUE),

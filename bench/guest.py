@@ -36,9 +36,9 @@ from typing import Any  # noqa: E402
 import uvloop  # noqa: E402
 
 from common.guest_client import GuestClient  # noqa: E402
-from common.guest_protocol import SESSION_HEADER, GuestAddress  # noqa: E402
+from common.guest_protocol import ACTOR_HEADER, GuestAddress  # noqa: E402
 
-SESSION = "bench/session"
+ACTOR = "s-bench-0123456789abcde"
 #: Untimed calls before each timed block (imports, caches, first journal writes).
 WARMUP = 30
 
@@ -54,7 +54,7 @@ class RawClient:
     def request(self, method: str, target: str, body: Any = None) -> Any:
         data = json.dumps(body).encode() if body is not None else b""
         head = (
-            f"{method} {target} HTTP/1.1\r\nhost: guest\r\n{SESSION_HEADER}: {SESSION}\r\n"
+            f"{method} {target} HTTP/1.1\r\nhost: guest\r\n{ACTOR_HEADER}: {ACTOR}\r\n"
             f"content-type: application/json\r\ncontent-length: {len(data)}\r\n\r\n"
         )
         self.sock.sendall(head.encode() + data)
@@ -201,7 +201,7 @@ def main() -> None:
     async def via_guest_client(tool: str, args: dict[str, Any], count: int) -> tuple[list[float], float]:
         """Latencies of `count` calls through GuestClient, and this process's CPU (ms) per call."""
         out = []
-        async with GuestClient(GuestAddress(uds=str(tmp / "main.sock")), session=SESSION) as gc:
+        async with GuestClient(GuestAddress(uds=str(tmp / "main.sock")), actor=ACTOR) as gc:
             for i in range(WARMUP):
                 await gc.run(f"gcw-{tool}{i}", tool, args)
             cpu_before = time.process_time()

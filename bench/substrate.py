@@ -43,7 +43,7 @@ def pct(values: list[float], q: float) -> float:
 
 async def bash(config: Config, actor: Actor, command: str) -> dict[str, Any]:
     address = await LocalGuestRouter(config).address(actor)
-    async with GuestClient(address, session=f"bench/{actor.name}") as guest:
+    async with GuestClient(address, actor=actor.name) as guest:
         result, _ = await guest.run(uuid.uuid4().hex, "bash", {"command": command})
     return dict(result)
 

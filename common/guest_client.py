@@ -5,11 +5,16 @@ Errors (one hierarchy for this boundary):
     GuestError                      anything that kept the call from getting an answer
     ├── GuestUnavailable            connect refused, socket missing, reset, timeout: infrastructure,
     │                               retry later (the job id makes the retry exactly-once)
-    ├── SessionMismatch             the guest is bound to another session (403): wrong actor address
+    ├── ActorMismatch               the guest serves another actor (403): wrong actor address
     ├── ExecutionNotFound           poll/cancel for a job id the guest does not know (404)
-    └── GuestProtocolError          any other non-2xx answer or an unreadable body
+    └── GuestProtocolError          any other non-2xx answer, an unreadable or oversized body, or a
+                                    call held past its time limit
 
 A tool's own failure (exit code 1, file not found) is not an error: it is the result.
+
+The guest runs next to tenant code, so the worker does not trust its answers: each is bounded in
+size (by the call's limits), and a call is given up (its execution cancelled) once it ran past
+its `timeout_max_s` plus RUN_SLACK_S, whatever the guest keeps answering.
 """
 
 from __future__ import annotations
@@ -19,14 +24,16 @@ import functools
 import inspect
 import json as _json
 import ssl
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, cast
 
-from common.guest_http import GuestHTTP, ProtocolError
+from common.guest_http import DEFAULT_MAX_BODY_BYTES, AnswerTooLarge, GuestHTTP, ProtocolError
 from common.guest_protocol import (
+    ACTOR_HEADER,
+    DEFAULT_LIMITS,
     MAX_WAIT_S,
-    SESSION_HEADER,
     TERMINAL_EXECUTION_STATES,
     ExecutionState,
     ExecutionSummary,
@@ -48,6 +55,23 @@ REQUEST_SLACK_S = 10.0
 #: Connect timeout: a guest that does not accept within this is unavailable.
 CONNECT_TIMEOUT_S = 5.0
 
+#: Seconds past `timeout_max_s` the worker still waits for a call's end (the guest's own kill
+#: grace and the last output), before it cancels the execution and fails the call.
+RUN_SLACK_S = 30.0
+#: JSON may spell a byte of output or file content as `\u00XX`: six bytes.
+_JSON_BYTES_PER_BYTE = 6
+#: Room for everything in an answer besides output and file content.
+_ANSWER_OVERHEAD_BYTES = 1 << 20
+
+
+def answer_bound(limits: Limits | None) -> int:
+    """Largest answer a call within `limits` can legitimately get: a result with both streams'
+    kept output and a file's content, each JSON-escaped at worst."""
+    lim = limits or DEFAULT_LIMITS
+    output = lim.get("output_max_bytes", DEFAULT_LIMITS["output_max_bytes"])
+    payload = 2 * output + lim.get("file_max_bytes", DEFAULT_LIMITS["file_max_bytes"])
+    return max(DEFAULT_MAX_BODY_BYTES, _JSON_BYTES_PER_BYTE * payload + _ANSWER_OVERHEAD_BYTES)
+
 
 class GuestError(Exception):
     """The guest could not be asked or did not answer properly."""
@@ -57,8 +81,8 @@ class GuestUnavailable(GuestError):
     """The guest is not reachable (refused, missing socket, reset, timeout): retryable."""
 
 
-class SessionMismatch(GuestError):
-    """The guest serves another session; `bound` names it."""
+class ActorMismatch(GuestError):
+    """The guest serves another actor; `bound` names it."""
 
     def __init__(self, message: str, bound: str | None) -> None:
         super().__init__(message)
@@ -86,10 +110,10 @@ def _tls_context() -> ssl.SSLContext:
 class GuestClient:
     """One guest. Reuses its connection; call `aclose()` (or use `async with`) when done."""
 
-    def __init__(self, address: GuestAddress, *, session: str | None = None) -> None:
+    def __init__(self, address: GuestAddress, *, actor: str | None = None) -> None:
         headers = dict(address.headers)
-        if session is not None:
-            headers[SESSION_HEADER] = session
+        if actor is not None:
+            headers[ACTOR_HEADER] = actor
         tls = _tls_context() if address.base_url.startswith("https:") else None
         self._http = GuestHTTP(address.base_url, address.uds, headers, tls, CONNECT_TIMEOUT_S)
 
@@ -110,17 +134,20 @@ class GuestClient:
 
     async def start(self, request: StartRequest) -> ExecutionView:
         """Start (or attach to) the execution of `request["job_id"]`; waits ≤ `wait_s` (max 5 s)."""
-        return cast(ExecutionView, await self._call("POST", "/v1/executions", json=request))
+        bound = answer_bound(request.get("limits"))
+        return cast(ExecutionView, await self._call("POST", "/v1/executions", json=request, max_bytes=bound))
 
     async def poll(
-        self, job_id: str, stdout_offset: int = 0, stderr_offset: int = 0, wait_s: float = MAX_WAIT_S
+        self, job_id: str, stdout_offset: int = 0, stderr_offset: int = 0, wait_s: float = MAX_WAIT_S,
+        limits: Limits | None = None,
     ) -> ExecutionView:
         params = {
             "stdout_offset": stdout_offset,
             "stderr_offset": stderr_offset,
             "wait_s": min(wait_s, MAX_WAIT_S),
         }
-        return cast(ExecutionView, await self._call("GET", f"/v1/executions/{job_id}", params=params))
+        path, bound = f"/v1/executions/{job_id}", answer_bound(limits)
+        return cast(ExecutionView, await self._call("GET", path, params=params, max_bytes=bound))
 
     async def cancel(
         self, job_id: str, signal: str | int = "SIGTERM", grace_s: float | None = None
@@ -155,7 +182,11 @@ class GuestClient:
         Output chunks reach `on_output` in order as they come. When `cancelled` is set, the
         execution is cancelled once and followed until it ends. Returns the result and the last
         view (its `state` says finished or interrupted; `attached` that the job was already known).
+        Past `timeout_max_s` + RUN_SLACK_S the execution is killed and GuestProtocolError raised.
         """
+        lim = limits or DEFAULT_LIMITS
+        timeout_max_s = lim.get("timeout_max_s", DEFAULT_LIMITS["timeout_max_s"])
+        deadline = time.monotonic() + timeout_max_s + RUN_SLACK_S
         request: StartRequest = {"job_id": job_id, "tool": tool, "arguments": arguments, "wait_s": MAX_WAIT_S}
         if env:
             request["env"] = env
@@ -168,11 +199,13 @@ class GuestClient:
         await _emit(view, on_output)
         cancel_sent = False
         while view["state"] not in TERMINAL_EXECUTION_STATES or view["more_output"]:
+            if time.monotonic() > deadline:
+                await self._overran(job_id)
             if cancelled is not None and cancelled.is_set() and not cancel_sent:
                 cancel_sent = True
                 await self.cancel(job_id)
             wait_s = 0.0 if view["more_output"] else MAX_WAIT_S
-            poll = self.poll(job_id, view["stdout_offset"], view["stderr_offset"], wait_s)
+            poll = self.poll(job_id, view["stdout_offset"], view["stderr_offset"], wait_s, limits)
             answer = await (poll if cancel_sent or cancelled is None else _unless_set(poll, cancelled))
             if answer is not None:
                 view = answer
@@ -181,12 +214,27 @@ class GuestClient:
         result = view["result"] or {"output": "", "is_error": True, "error": "no result"}
         return result, view
 
-    async def _call(self, method: str, path: str, *, json: Any = None,
-                    params: Mapping[str, object] | None = None) -> Any:
+    async def _overran(self, job_id: str) -> None:
+        """The guest kept the call past its limit: kill the execution (best effort) and fail."""
+        try:
+            await self.cancel(job_id, "SIGKILL")
+        except GuestError:
+            pass  # the call fails either way; a guest that cannot cancel is no reason to wait
+        raise GuestProtocolError(f"job {job_id}: the guest held the call past timeout_max_s + "
+                                 f"{RUN_SLACK_S:.0f} s; its execution was killed", 0)
+
+    async def _call(
+        self, method: str, path: str, *, json: Any = None, params: Mapping[str, object] | None = None,
+        max_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ) -> Any:
+        """One request; `max_bytes` bounds the answer's body."""
         payload = None if json is None else _json.dumps(json).encode()
+        timeout_s = MAX_WAIT_S + REQUEST_SLACK_S
         try:
             status, raw = await self._http.request(method, path, params=params, body=payload,
-                                                   timeout_s=MAX_WAIT_S + REQUEST_SLACK_S)
+                                                   timeout_s=timeout_s, max_answer_bytes=max_bytes)
+        except AnswerTooLarge as err:
+            raise GuestProtocolError(f"{method} {path}: {err}", 0) from err
         except (OSError, TimeoutError, ProtocolError) as err:
             raise GuestUnavailable(f"guest unreachable on {method} {path}: {err!r}") from err
         try:
@@ -201,8 +249,8 @@ class GuestClient:
 def _raise_for(status: int, body: Any, what: str) -> None:
     code = body.get("error") if isinstance(body, dict) else None
     message = f"{what}: HTTP {status} {body.get('message', '') if isinstance(body, dict) else body}"
-    if status == 403 and code == "session_mismatch":
-        raise SessionMismatch(message, body.get("bound"))
+    if status == 403 and code == "actor_mismatch":
+        raise ActorMismatch(message, body.get("bound"))
     if status == 404 and code == "not_found":
         raise ExecutionNotFound(message)
     if status in (502, 503, 504):
@@ -238,6 +286,7 @@ async def _emit(view: ExecutionView, on_output: OutputCallback | None) -> None:
 
 
 __all__ = [
+    "ActorMismatch",
     "ExecutionNotFound",
     "ExecutionState",
     "GuestClient",
@@ -245,5 +294,4 @@ __all__ = [
     "GuestProtocolError",
     "GuestUnavailable",
     "OutputCallback",
-    "SessionMismatch",
 ]

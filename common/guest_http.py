@@ -9,9 +9,12 @@ request/response, so this transport does exactly that and no more: no redirects,
 streaming bodies. Answers may be chunked (a router in front of a guest may chunk them).
 
 Errors are builtin ones for the caller to translate: OSError (connect/reset/missing socket;
-ConnectionResetError when the peer closes mid-answer), TimeoutError, and ProtocolError for a
-malformed answer or an unsendable request. A connection is reused only after a complete answer
-that allows keep-alive; never after a timeout, a cancel or an error.
+ConnectionResetError when the peer closes mid-answer), TimeoutError, ProtocolError for a
+malformed answer or an unsendable request, and its AnswerTooLarge for an answer over the
+request's bound. The guest runs tenant code, so nothing it sends is trusted to be small: every
+answer's head and body are counted as they arrive and the connection is dropped past the bound.
+A connection is reused only after a complete answer that allows keep-alive; never after a
+timeout, a cancel or an error.
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ import httptools
 #: Idle connections kept per client (a worker rarely has more than one call in flight per guest).
 MAX_IDLE = 4
 
+#: Largest answer head (status line + headers) accepted from a guest.
+MAX_HEAD_BYTES = 64 << 10
+#: Largest answer body accepted unless the request says otherwise.
+DEFAULT_MAX_BODY_BYTES = 16 << 20
+
 #: A request target or header as it may go on the wire: no spaces or control characters, so no
 #: caller-supplied value can split or smuggle a request.
 _TARGET = re.compile(r"[\x21-\x7e]+")
@@ -36,6 +44,10 @@ _HEADER_VALUE = re.compile(r"[\x20-\x7e\x80-\xff]*")
 
 class ProtocolError(Exception):
     """The peer answered something that is not a well-formed HTTP/1.1 response."""
+
+
+class AnswerTooLarge(ProtocolError):
+    """The answer's head or body went over its bound (the connection was dropped)."""
 
 
 class _Conn(asyncio.Protocol):
@@ -48,6 +60,10 @@ class _Conn(asyncio.Protocol):
         #: The answer of the request in flight; None between requests.
         self._answer: asyncio.Future[tuple[int, bytes]] | None = None
         self._body: list[bytes] = []
+        #: Bytes of the answer in flight so far (head, then body), and the body's bound.
+        self._head_bytes = 0
+        self._body_bytes = 0
+        self._max_body = DEFAULT_MAX_BODY_BYTES
         #: Whether the answer's head is in, and whether it gave a length or chunking (if not, the
         #: body ends when the peer closes).
         self._head_done = False
@@ -55,10 +71,12 @@ class _Conn(asyncio.Protocol):
         #: False once the connection must not carry another request.
         self.reusable = True
 
-    def send(self, data: bytes) -> asyncio.Future[tuple[int, bytes]]:
-        """Write one request; the future resolves with (status, body) once the answer is complete."""
+    def send(self, data: bytes, max_body: int) -> asyncio.Future[tuple[int, bytes]]:
+        """Write one request; the future resolves with (status, body) once the answer is complete,
+        or fails with AnswerTooLarge once its body passes `max_body` bytes."""
         self._answer = answer = asyncio.get_running_loop().create_future()
         self._body, self._head_done, self._framed = [], False, False
+        self._head_bytes, self._body_bytes, self._max_body = 0, 0, max_body
         self.reusable = False  # until a complete keep-alive answer says otherwise
         self._transport.write(data)
         return answer
@@ -92,14 +110,29 @@ class _Conn(asyncio.Protocol):
         if self._answer is None:
             self.close()  # an answer nobody asked for: the stream is out of step
 
+    def on_status(self, status: bytes) -> None:
+        self._count_head(len(status))
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value))
         if name.lower() in (b"content-length", b"transfer-encoding"):
             self._framed = True
 
     def on_headers_complete(self) -> None:
         self._head_done = True
 
+    def _count_head(self, size: int) -> None:
+        self._head_bytes += size
+        if self._head_bytes > MAX_HEAD_BYTES:
+            self._fail(AnswerTooLarge(f"answer head over {MAX_HEAD_BYTES} bytes"))
+
     def on_body(self, body: bytes) -> None:
+        if self._answer is None:
+            return  # failed already (over its bound): the connection is closing
+        self._body_bytes += len(body)
+        if self._body_bytes > self._max_body:
+            self._fail(AnswerTooLarge(f"answer body over {self._max_body} bytes"))
+            return
         self._body.append(body)
 
     def on_message_complete(self) -> None:
@@ -181,13 +214,14 @@ class GuestHTTP:
         params: Mapping[str, object] | None = None,
         body: bytes | None = None,
         timeout_s: float,
+        max_answer_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ) -> tuple[int, bytes]:
         """One request/response; the connection goes back to the pool after a complete answer."""
         data = self._head(method, path, params, body) + (body or b"")
         conn = self._take() or await self._connect()
         try:
             async with asyncio.timeout(timeout_s):
-                answer = await conn.send(data)
+                answer = await conn.send(data, max_answer_bytes)
         except BaseException:
             conn.close()
             raise

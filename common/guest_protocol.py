@@ -10,8 +10,9 @@ import (no pydantic). The HTTP routes are:
 - `GET  /v1/executions` → `{"executions": [ExecutionSummary]}`
 - `GET  /v1/processes` → `{"processes": [ProcessInfo]}`
 
-Every `/v1` request carries `SESSION_HEADER: {env}/{session_id}`; the first one binds the guest,
-another session is answered 403 `{"error": "session_mismatch", ...}`. Errors are JSON
+Every `/v1` request carries `ACTOR_HEADER: <actor name>`; a guest serves the actor its launcher
+named (else the first request's, guest/identity.py), another actor is answered 403
+`{"error": "actor_mismatch", ...}`. Errors are JSON
 `{"error": <code>, "message": <text>}` with a 4xx/5xx status.
 
 Output offsets count bytes of the raw stream (stdout and stderr separately). A poll returns the
@@ -26,17 +27,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NotRequired, TypedDict
 
-#: Header naming the session a request is meant for.
-SESSION_HEADER = "X-Atefleet-Session"
+#: Header naming the actor a request is meant for.
+ACTOR_HEADER = "X-Atefleet-Actor"
 
 #: Longest a guest holds one request (the cluster router's limit is a little above this).
 MAX_WAIT_S = 5.0
-
-#: The call env var carrying the session's identity token (minted at each resume by the worker,
-#: workers/session_identity.py); the guest gives it to commands as this variable and as a file,
-#: named by SESSION_TOKEN_FILE_ENV.
-SESSION_TOKEN_ENV = "ATEFLEET_SESSION_TOKEN"
-SESSION_TOKEN_FILE_ENV = "ATEFLEET_SESSION_TOKEN_FILE"
 
 #: Job ids become file names in the guest's journal, so their alphabet is restricted.
 JOB_ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._:-]{0,127}$"
@@ -171,5 +166,5 @@ class ProcessInfo(TypedDict):
 
 class ReadyInfo(TypedDict):
     ready: bool
-    session: str | None
+    actor: str | None
     pid: int

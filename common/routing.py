@@ -1,13 +1,14 @@
 """How a worker reaches the guest of a RUNNING actor, behind one interface.
 
-- local (embedded local_substrate): the guest listens on a per-slot unix socket that the local
-  Substrate bind-mounts out of the sandbox; the slot is the actor's `pod_name` in a fresh RUNNING
-  answer (slots are reused, so never remember it across resumes).
+- local (embedded local_substrate): the guest listens on a unix socket the local Substrate binds
+  outside the sandbox, one per incarnation: `sock/<slot>/<pod_uid prefix>.sock`, from the
+  actor's `pod_name` and `pod_uid` in a fresh RUNNING answer. An address remembered from an earlier
+  resume names a socket that no longer exists, so it can never reach the slot's next actor.
 - cluster: every actor is reached through the atenet router, which picks the actor by the Host
   header `<actor>.<atespace>.actors.resources.substrate.ate.dev`.
 
-Either way the worker must still check the guest's identity (`X-Atefleet-Session`): a slot or pod
-may serve another actor by the time a request lands.
+Either way every request names the actor it is for (`X-Atefleet-Actor`), and a guest refuses
+any actor but the one its launcher gave it.
 """
 
 from __future__ import annotations
@@ -31,9 +32,13 @@ def local_substrate_dir(config: Config) -> Path:
     return Path(config.state_dir).resolve() / "local-substrate"
 
 
-def local_guest_socket(root: Path, slot: str) -> Path:
-    """The guest socket of `slot` under a local Substrate state dir `root`."""
-    return root / "sock" / slot / "guest.sock"
+#: Hex digits of an incarnation's `pod_uid` in its socket's name (short: sun_path is 107 bytes).
+SOCKET_UID_CHARS = 12
+
+
+def local_guest_socket(root: Path, slot: str, pod_uid: str) -> Path:
+    """The guest socket of incarnation `pod_uid` in `slot`, under a local Substrate state dir `root`."""
+    return root / "sock" / slot / f"{pod_uid[:SOCKET_UID_CHARS]}.sock"
 
 
 class GuestRouter(Protocol):
@@ -55,9 +60,9 @@ class LocalGuestRouter:
 
     async def address(self, actor: Actor) -> GuestAddress:
         _require_running(actor)
-        if not actor.pod_name:
+        if not actor.pod_name or not actor.pod_uid:
             raise ActorNotRunning(f"actor {actor.atespace}/{actor.name} has no slot")
-        return GuestAddress(uds=str(local_guest_socket(self._root, actor.pod_name)))
+        return GuestAddress(uds=str(local_guest_socket(self._root, actor.pod_name, actor.pod_uid)))
 
 
 class ClusterGuestRouter:

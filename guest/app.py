@@ -7,16 +7,16 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from common.guest_protocol import SESSION_HEADER
+from common.guest_protocol import ACTOR_HEADER
 from guest.executions import BadRequest, Executions
-from guest.identity import SessionBinding, SessionMismatch
+from guest.identity import ActorIdentity, ActorMismatch
 from guest.server import Request
 from guest.spawn import KILL_GRACE_S, parse_signal
 
 Answer = tuple[int, Any]
 Route = Callable[[Request, re.Match[str]], Awaitable[Answer]]
 
-_HEADER = SESSION_HEADER.lower()
+_HEADER = ACTOR_HEADER.lower()
 
 
 def _error(status: int, code: str, message: str, **extra: Any) -> Answer:
@@ -31,9 +31,9 @@ def _int_query(req: Request, name: str) -> int:
 
 
 class GuestApp:
-    def __init__(self, executions: Executions, binding: SessionBinding) -> None:
+    def __init__(self, executions: Executions, identity: ActorIdentity) -> None:
         self.executions = executions
-        self.binding = binding
+        self.identity = identity
         self._routes: list[tuple[str, re.Pattern[str], Route]] = [
             ("POST", re.compile(r"^/v1/executions$"), self._start),
             ("GET", re.compile(r"^/v1/executions$"), self._list),
@@ -44,7 +44,7 @@ class GuestApp:
 
     async def handle(self, req: Request) -> Answer:
         if req.path == "/readyz" and req.method == "GET":
-            return 200, {"ready": True, "session": self.binding.session, "pid": os.getpid()}
+            return 200, {"ready": True, "actor": self.identity.actor, "pid": os.getpid()}
         for method, pattern, route in self._routes:
             match = pattern.match(req.path)
             if match and method == req.method:
@@ -52,13 +52,13 @@ class GuestApp:
         return _error(404, "not_found", f"no route {req.method} {req.path}")
 
     async def _guarded(self, req: Request, match: re.Match[str], route: Route) -> Answer:
-        session = req.headers.get(_HEADER)
-        if not session:
-            return _error(400, "missing_session", f"the {SESSION_HEADER} header is required")
+        actor = req.headers.get(_HEADER)
+        if not actor:
+            return _error(400, "missing_actor", f"the {ACTOR_HEADER} header is required")
         try:
-            self.binding.check(session)
-        except SessionMismatch as err:
-            return _error(403, "session_mismatch", str(err), bound=err.bound)
+            self.identity.check(actor)
+        except ActorMismatch as err:
+            return _error(403, "actor_mismatch", str(err), bound=err.bound)
         try:
             return await route(req, match)
         except (BadRequest, ValueError) as err:

@@ -17,6 +17,7 @@ import functools
 import json
 import logging
 import os
+import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -239,6 +240,10 @@ class HttpServer:
         if os.path.exists(path):
             os.unlink(path)  # a socket left by a previous guest in this actor
         self._server = await asyncio.get_running_loop().create_unix_server(self._protocol, path=path)
+
+    async def listen_socket(self, sock: socket.socket) -> None:
+        """Serve on an already bound and listening unix socket (handed in by the launcher)."""
+        self._server = await asyncio.get_running_loop().create_unix_server(self._protocol, sock=sock)
 
     async def listen_tcp(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()

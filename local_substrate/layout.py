@@ -6,12 +6,15 @@
     snapshots/<actor_id>/     workspace snapshots, <seq>.tar.zst (snapshots.py)
     golden/                   one baked snapshot per template setup (golden.py)
     slots/<slot>/             a slot's live dirs: workspace/, state/, tmp/, root/ (unshare mount point)
-    sock/<slot>/guest.sock    the guest's unix socket (bind-mounted into the sandbox; routing.py)
+    sock/<slot>/<uid>.sock    a guest incarnation's unix socket, bound here, passed in as an fd
+    sandbox-etc/              the sandboxes' generated /etc/passwd and /etc/group
+    token                     the credential gRPC callers must present (0600; server.py)
     bake/                     scratch dirs of golden-snapshot baking
     empty/                    an empty dir mounted where a template has no skills
     logs/<slot>.log           the sandbox's stdout/stderr (host side only)
 
-Nothing here is visible inside a sandbox except the one slot's workspace/, state/, tmp/ and sock/.
+Nothing here is visible inside a sandbox except the one slot's workspace/, state/ and tmp/
+(and sandbox-etc/'s two files, read-only).
 """
 
 from __future__ import annotations
@@ -57,8 +60,19 @@ class Layout:
     def slot_dir(self, slot: str) -> Path:
         return self.root / "slots" / slot
 
-    def socket(self, slot: str) -> Path:
-        return local_guest_socket(self.root, slot)
+    @property
+    def sandbox_etc(self) -> Path:
+        return self.root / "sandbox-etc"
+
+    @property
+    def token(self) -> Path:
+        return self.root / "token"
+
+    def socket(self, slot: str, run_id: str) -> Path:
+        return local_guest_socket(self.root, slot, run_id)
+
+    def socket_dir(self, slot: str) -> Path:
+        return local_guest_socket(self.root, slot, "").parent
 
     def create(self) -> None:
         for d in (self.root, self.snapshots, self.golden, self.bake, self.empty, self.logs):

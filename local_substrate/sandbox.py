@@ -1,16 +1,19 @@
-"""Sandboxes for actors: bubblewrap, else `unshare` + chroot, else plain processes (loudly).
+"""Sandboxes for actors: bubblewrap, else `unshare` + chroot; plain processes only when asked.
 
 Inside a sandbox (bwrap and unshare levels):
 - own mount, pid, ipc and uts namespaces, and its own network namespace holding only a loopback
   (template `network: none`, the default) or the host's network (`network: host`);
-- a fresh root: system dirs (/usr, /etc and the /bin, /lib... links), the Python install and the
-  venv read-only; of our code only `guest/` and `common/`, read-only at /opt/atefleet; the slot's
-  workspace (/workspace), guest state dir, /tmp and socket dir (/run/atefleet) writable; skills
-  read-only. The repo root (config.yaml, .state), the snapshot store, Redis data and other slots
-  do not exist in it;
-- an unprivileged uid per slot (so one slot's RLIMIT_NPROC cannot starve another), no
-  capabilities, no_new_privs; rlimits on address space, processes, file size, open files and
-  CPU; the slot's cgroup (pids + memory) when the hierarchy is writable.
+- a fresh root: system dirs (/usr and the /bin, /lib... links), of /etc only what programs need
+  (ETC_ENTRIES; passwd and group are generated), the Python install read-only; of our code only
+  `guest/`, `common/` and the third-party packages, read-only at /opt/atefleet; the slot's
+  workspace (/workspace), guest state dir and /tmp writable; /dev/shm a size-capped tmpfs; skills
+  read-only. The repo root (config.yaml, .state), the host's /etc, the snapshot store, Redis data,
+  the guest's socket and other slots do not exist in it;
+- an explicit minimal environment from the launcher on: the sandbox's pid 1 never carries the
+  local Substrate's environment;
+- as root: an unprivileged uid per slot (so one slot's RLIMIT_NPROC cannot starve another), no
+  capabilities, no_new_privs; always rlimits on address space, processes, file size, open files
+  and CPU; the slot's cgroup (pids + memory) when the hierarchy is writable.
 
 The process tree is `launcher (host pid P) -> namespace init (pid 1) -> command (pid 2)`: bwrap's
 own init, or for `unshare` a shell that forwards SIGTERM and reaps orphans. Stopping sends SIGTERM
@@ -40,16 +43,31 @@ from local_substrate.cgroups import SlotCgroup
 
 log = logging.getLogger(__name__)
 
-LEVELS = ("bwrap", "unshare", "none")
 #: Where the sandbox sees our code (PYTHONPATH) and its writable dirs.
 CODE_DIR = "/opt/atefleet"
 WORKSPACE = "/workspace"
 STATE_DIR = "/var/lib/atefleet-guest"
-SOCK_DIR = "/run/atefleet"
 #: Host dirs every sandbox sees read-only (when they exist): the system, not the fleet.
-SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+#: What a sandbox sees of the host's /etc (when present): what the dynamic linker, name lookup,
+#: TLS, shells and the system Python need. Never the whole dir: deployments keep the fleet's
+#: config there (/etc/atefleet), and shadow, ssh keys and the operator's files live there too.
+ETC_ENTRIES = (
+    "alternatives", "bash.bashrc", "ca-certificates", "ca-certificates.conf", "crypto-policies",
+    "debian_version", "gai.conf", "host.conf", "hosts", "inputrc", "ld.so.cache", "ld.so.conf",
+    "ld.so.conf.d", "locale.alias", "localtime", "magic", "mime.types", "networks",
+    "nsswitch.conf", "os-release", "perl", "pki", "profile", "protocols", "python3",
+    f"python3.{sys.version_info.minor}", "resolv.conf", "services", "shells", "ssl", "timezone",
+)  # fmt: skip
+#: /etc files a sandbox gets generated instead of the host's (which name the host's users).
+ETC_GENERATED = ("passwd", "group")
 #: PATH inside the sandbox.
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+#: The whole environment the launcher (bwrap, unshare) runs with: pid 1 of a sandbox shows it.
+LAUNCH_ENV = {"PATH": SANDBOX_PATH, "LANG": "C.UTF-8"}
+#: /dev/shm is a tmpfs of this share of the template's memory_mb, so shared memory is bounded
+#: even where no memory cgroup counts it.
+SHM_SHARE = 4
 
 
 @dataclass(frozen=True)
@@ -60,9 +78,10 @@ class SandboxSpec:
     workspace: Path
     state: Path
     tmp: Path
-    sock_dir: Path
     #: Empty dir used as the unshare level's new root mount point.
     root: Path
+    #: Host dir holding the generated ETC_GENERATED files (see write_etc).
+    etc: Path
     #: (host dir, path inside) pairs mounted read-only.
     skills: tuple[tuple[Path, str], ...]
     network: str
@@ -79,17 +98,20 @@ class View:
     workspace: str
     state: str
     tmp: str
-    sock_dir: str
     skills: tuple[str, ...]
+    #: Where our code (guest/, common/) and its third-party packages are importable from.
+    code_path: tuple[str, str]
 
 
 def view(level: str, spec: SandboxSpec) -> View:
     if level == "none":
+        code_root = str(Path(guest.__file__ or "").parent.parent)
         return View(
-            str(spec.workspace), str(spec.state), str(spec.tmp), str(spec.sock_dir),
-            tuple(str(h) for h, _ in spec.skills),
+            str(spec.workspace), str(spec.state), str(spec.tmp), tuple(str(h) for h, _ in spec.skills),
+            (code_root, sysconfig.get_path("purelib")),
         )  # fmt: skip
-    return View(WORKSPACE, STATE_DIR, "/tmp", SOCK_DIR, tuple(inner for _, inner in spec.skills))
+    skills = tuple(inner for _, inner in spec.skills)
+    return View(WORKSPACE, STATE_DIR, "/tmp", skills, (CODE_DIR, SITE_PACKAGES_DIR))
 
 
 def _code_dirs() -> list[tuple[str, str]]:
@@ -135,20 +157,41 @@ def _mounted_code() -> list[tuple[str, str]]:
 
 
 def _env(v: View) -> dict[str, str]:
-    sandboxed = v.workspace == WORKSPACE
-    code_root = CODE_DIR if sandboxed else str(Path(guest.__file__ or "").parent.parent)
-    site = SITE_PACKAGES_DIR if sandboxed else sysconfig.get_path("purelib")
-    return {
-        "PATH": SANDBOX_PATH,
-        "HOME": v.workspace,
-        "TMPDIR": v.tmp,
-        "LANG": "C.UTF-8",
-        # The guest runs with `python -S` (no site: 15 ms less per resume), so its third-party
-        # packages come from here. The guest gives its commands a minimal env, not this one.
-        "PYTHONPATH": f"{code_root}:{site}",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
+    """The command's whole environment: nothing of the fleet's. (The guest runs Python isolated,
+    so no PYTHON* variable could steer it anyway; it gives its commands a minimal env of its own.)"""
+    return {"PATH": SANDBOX_PATH, "HOME": v.workspace, "TMPDIR": v.tmp, "LANG": "C.UTF-8"}
+
+
+def write_etc(etc: Path, uids: list[int]) -> None:
+    """Generate the sandbox's passwd and group: root, nobody and one `sandbox` entry per uid
+    (the slot uids, or the fleet's own uid when not root), none of the host's users."""
+    etc.mkdir(parents=True, exist_ok=True)
+    users = [(0, "root", "/root"), *((u, "sandbox", WORKSPACE) for u in uids if u), (65534, "nobody", "/")]
+    passwd = "".join(f"{name}:x:{u}:{u}::{home}:/bin/sh\n" for u, name, home in users)
+    group = "".join(f"{name}:x:{u}:\n" for u, name, _ in users)
+    for name, text in (("passwd", passwd), ("group", group)):
+        path = etc / name
+        path.write_text(text)
+        path.chmod(0o644)
+
+
+def _etc_mounts(spec: SandboxSpec) -> list[tuple[str, str, str]]:
+    """(kind, source, path inside) per /etc entry: "link" keeps a symlink into the system dirs,
+    "file" and "dir" bind the host's read-only; ETC_GENERATED come from `spec.etc`."""
+    out: list[tuple[str, str, str]] = []
+    for name in ETC_ENTRIES:
+        host = Path("/etc", name)
+        if host.is_symlink() and os.path.realpath(host).startswith("/usr/"):
+            out.append(("link", os.readlink(host), str(host)))
+        elif host.is_dir():
+            out.append(("dir", os.path.realpath(host), str(host)))
+        elif host.is_file():
+            out.append(("file", os.path.realpath(host), str(host)))
+    return out + [("file", str(spec.etc / name), f"/etc/{name}") for name in ETC_GENERATED]
+
+
+def _shm_bytes(lim: TemplateLimits) -> int:
+    return max(1, lim.memory_mb // SHM_SHARE) << 20
 
 
 def _rlimits(lim: TemplateLimits) -> list[str]:
@@ -188,16 +231,21 @@ def bwrap_argv(spec: SandboxSpec, command: list[str]) -> list[str]:
     a += _bwrap_parents([*_python_dirs(), *(i for _, i in _mounted_code()), *(i for _, i in _writable(spec))])
     for d, kind in _system_mounts():
         a += ["--symlink", kind[5:], d] if kind.startswith("link:") else ["--ro-bind", d, d]
+    a += ["--perms", "0755", "--dir", "/etc"]
+    for kind, src, inner in _etc_mounts(spec):
+        a += ["--symlink", src, inner] if kind == "link" else ["--ro-bind", src, inner]
     for d in _python_dirs():
         a += ["--ro-bind", d, d]
     for host, inner in _mounted_code():
         a += ["--ro-bind", host, inner]
     a += ["--proc", "/proc", "--dev", "/dev"]
+    a += ["--perms", "01777", "--size", str(_shm_bytes(spec.limits)), "--tmpfs", "/dev/shm"]
     for host, inner in _writable(spec):
         a += ["--bind", host, inner]
     for h, inner in spec.skills:
         a += ["--ro-bind", str(h), inner]
-    a += ["--chdir", WORKSPACE]
+    # Read-only root: as a normal user bwrap's root tmpfs would belong to the tenant's uid.
+    a += ["--remount-ro", "/", "--chdir", WORKSPACE]
     for k, val in _env(v).items():
         a += ["--setenv", k, val]
     return [*a, "--", *_drop_privileges(spec, command)]
@@ -217,10 +265,7 @@ def _bwrap_parents(targets: list[str]) -> list[str]:
 
 
 def _writable(spec: SandboxSpec) -> list[tuple[str, str]]:
-    return [
-        (str(spec.workspace), WORKSPACE), (str(spec.state), STATE_DIR),
-        (str(spec.tmp), "/tmp"), (str(spec.sock_dir), SOCK_DIR),
-    ]  # fmt: skip
+    return [(str(spec.workspace), WORKSPACE), (str(spec.state), STATE_DIR), (str(spec.tmp), "/tmp")]
 
 
 _UNSHARE_PROLOGUE = """set -eu
@@ -234,6 +279,7 @@ mount -t tmpfs -o mode=0755,size=64k atefleet-dev "$R/dev"
 for n in null zero full random urandom tty; do touch "$R/dev/$n"; mount --bind "/dev/$n" "$R/dev/$n"; done
 ln -s /proc/self/fd "$R/dev/fd"
 for i in 0:stdin 1:stdout 2:stderr; do ln -s "/proc/self/fd/${{i%%:*}}" "$R/dev/${{i#*:}}"; done
+mkdir "$R/dev/shm" && mount -t tmpfs -o mode=1777,size={shm_bytes} atefleet-shm "$R/dev/shm"
 hostname {hostname}
 {lo}
 mount -o remount,ro "$R"
@@ -253,12 +299,18 @@ def unshare_script(spec: SandboxSpec, command: list[str]) -> str:
     # One mkdir for every mount point: each command here is a process spawn on the resume path.
     targets = [d for d, kind in _system_mounts() if kind == "dir"] + _python_dirs()
     targets += [i for _, i in (*_mounted_code(), *_writable(spec))] + [i for _, i in spec.skills]
-    lines.append('cd "$R" && mkdir -p ' + " ".join(q(t.lstrip("/")) for t in targets) + " proc dev")
+    etc = _etc_mounts(spec)
+    targets += [inner for kind, _, inner in etc if kind == "dir"]
+    lines.append('cd "$R" && mkdir -p ' + " ".join(q(t.lstrip("/")) for t in targets) + " etc proc dev")
+    files = [inner for kind, _, inner in etc if kind == "file"]
+    lines.append('cd "$R" && touch ' + " ".join(q(t.lstrip("/")) for t in files))
     for d, kind in _system_mounts():
         if kind.startswith("link:"):
             lines.append(f'ln -s {q(kind[5:])} "$R"{q(d)}')
         else:
             lines.append(f"ro {q(d)} {q(d)}")
+    for kind, src, inner in etc:
+        lines.append(f'ln -s {q(src)} "$R"{q(inner)}' if kind == "link" else f"ro {q(src)} {q(inner)}")
     for d in _python_dirs():
         lines.append(f"ro {q(d)} {q(d)}")
     lines += [f"ro {q(h)} {q(i)}" for h, i in _mounted_code()]
@@ -266,7 +318,8 @@ def unshare_script(spec: SandboxSpec, command: list[str]) -> str:
     lines += [f"ro {q(str(h))} {q(i)}" for h, i in spec.skills]
     inner = _drop_privileges(spec, [*_env_argv("unshare", spec), *command])
     lo = "ip link set lo up 2>/dev/null || true" if spec.network != "host" else ""
-    lines.append(_UNSHARE_EPILOGUE.format(hostname=q(spec.hostname), lo=lo, command=shlex.join(inner)))
+    lines.append(_UNSHARE_EPILOGUE.format(hostname=q(spec.hostname), lo=lo, command=shlex.join(inner),
+                                          shm_bytes=_shm_bytes(spec.limits)))
     return "\n".join(lines)
 
 
@@ -312,22 +365,42 @@ def _probe(argv: list[str]) -> bool:
         return False
 
 
-def detect_level(requested: str) -> str:
-    """The sandbox level to use: `requested`, or for "auto" the best that works here."""
+#: What to run when no sandbox level works here.
+INSTALL_HINT = (
+    "install bubblewrap (Debian/Ubuntu: `sudo apt-get install bubblewrap`; Fedora/RHEL: "
+    "`sudo dnf install bubblewrap`), or run as root (the `unshare` level); "
+    "`local_substrate.sandbox: none` runs actors unsandboxed, for trusted code only"
+)
+
+
+class SandboxUnavailable(RuntimeError):
+    """The requested sandbox level (or, for "auto", every level but "none") does not work here."""
+
+
+def level_works(level: str) -> bool:
+    """Whether sandbox level "bwrap" or "unshare" can create its namespaces on this machine."""
     probes = {
         "bwrap": ["bwrap", "--unshare-pid", "--unshare-net", "--ro-bind", "/", "/", "true"],
         "unshare": ["unshare", "--mount", "--pid", "--fork", "--net", "--ipc", "--uts", "true"],
     }
-    candidates = LEVELS if requested == "auto" else (requested,)
+    return bool(shutil.which(level)) and _probe(probes[level])
+
+
+def detect_level(requested: str) -> str:
+    """The sandbox level to use: `requested`, or for "auto" the best that works here. "none" only
+    when asked for by name: "auto" never silently runs tenant code unsandboxed."""
+    if requested == "none":
+        log.warning(
+            "SANDBOX DISABLED (local_substrate.sandbox: none): actors run as plain processes on this "
+            "host. Commands can read the fleet's files and reach its ports. Trusted code only."
+        )
+        return "none"
+    candidates = ("bwrap", "unshare") if requested == "auto" else (requested,)
     for level in candidates:
-        if level == "none" or (shutil.which(level) and _probe(probes[level])):
-            if level == "none":
-                log.warning(
-                    "SANDBOX DISABLED: actors run as plain processes on this host. Commands can read "
-                    "the fleet's files and reach its ports. Install bubblewrap (or allow unshare)."
-                )
+        if level_works(level):
             return level
-    raise RuntimeError(f"sandbox level {requested!r} is not usable on this machine")
+    tried = " or ".join(candidates)
+    raise SandboxUnavailable(f"sandbox level {requested!r}: {tried} does not work here; {INSTALL_HINT}")
 
 
 def _children(pid: int) -> list[int]:
@@ -399,12 +472,16 @@ class SandboxProcess:
             await self.spec.cgroup.wait_empty()
 
 
-async def start_sandbox(level: str, spec: SandboxSpec, command: list[str]) -> SandboxProcess:
-    """Start `command` (built with `view(level, spec)` paths) in a new sandbox."""
+async def start_sandbox(
+    level: str, spec: SandboxSpec, command: list[str], pass_fds: tuple[int, ...] = ()
+) -> SandboxProcess:
+    """Start `command` (built with `view(level, spec)` paths) in a new sandbox; `pass_fds` stay
+    open in it at the same numbers (the guest's listening socket)."""
     argv = _with_cgroup(spec, argv_for(level, spec, command))
     # Only the latest run's output is kept per slot: enough to see why a guest did not start.
     with open(spec.log_path, "wb") as out:
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+            env=LAUNCH_ENV, pass_fds=pass_fds,
         )
     return SandboxProcess(level, spec, proc)

@@ -2,20 +2,27 @@
 
 `LocalSubstrate(config, listen)` → `await start()` → `address` → `await stop()`; or
 `async with running_local_substrate(config) as ls:` (tests and the supervisor's in-process use).
-Once serving it writes `status.json` = {"address", "sandbox", "slots", "pid"} atomically.
+Once serving it writes `status.json` = {"address", "sandbox", "slots", "pid", "isolation"}
+atomically.
+
+Every call must carry `authorization: Bearer <token>`, the token being the state dir's `token`
+file (0600, made at first start): a tenant with `network: host` reaches the port, not the file.
+Clients of the embedded server read it there (`common.substrate.make_substrate_client`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import fcntl
+import hmac
 import json
 import logging
 import os
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import grpc.aio
 
@@ -23,9 +30,12 @@ from common.ateapi import ateapi_pb2_grpc as pb_grpc
 from common.config import Config
 from common.routing import MAX_UDS_PATH, local_substrate_dir
 from local_substrate.control import Control
+from local_substrate.faults import Faults
+from local_substrate.isolation import isolation_report
 from local_substrate.layout import Layout
-from local_substrate.sandbox import compile_code, detect_level
+from local_substrate.sandbox import compile_code, detect_level, write_etc
 from local_substrate.servicer import ControlServicer
+from local_substrate.slots import uid_block
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +61,47 @@ def _lock_state_dir(root: Path) -> TextIO:
     return handle
 
 
+def read_or_make_token(path: Path) -> str:
+    """The gRPC credential: made once (0600, only the fleet's user can read it), then reused so
+    running clients keep working across restarts."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(32))
+    return path.read_text().strip()
+
+
+class TokenAuth(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Refuses (UNAUTHENTICATED) every call without `authorization: Bearer <token>`."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+        async def refuse(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong local Substrate token")
+
+        self._refusal = grpc.unary_unary_rpc_method_handler(refuse)
+
+    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
+        given = dict(details.invocation_metadata or ()).get("authorization", "")
+        if hmac.compare_digest(str(given).encode(), self._expected):
+            return await continuation(details)
+        return self._refusal
+
+
+def check_network_host(config: Config) -> None:
+    """`network: host` lets tenant code reach the loopback API, Redis and this port: refused
+    unless the API requires auth (it is for trusted templates only; docs/security.md)."""
+    host = [t.name for t in config.local_substrate.templates if t.network == "host"]
+    if host and not config.auth.enabled:
+        raise RuntimeError(
+            f"templates {host} use network: host, which exposes the fleet's loopback services to "
+            "tenant code; configure auth (auth.api_keys or auth.jwt) first, and use it for trusted "
+            "templates only")
+
+
 class LocalSubstrate:
     def __init__(self, config: Config, listen: str | None = None, root: Path | None = None) -> None:
         self.config = config
@@ -58,13 +109,16 @@ class LocalSubstrate:
         self.layout = Layout(root or local_substrate_dir(config))
         self.address = ""
         self.level = ""
+        #: The isolation in force (local_substrate.isolation), once started.
+        self.isolation: dict[str, Any] = {}
         self.control: Control | None = None
         self._server: grpc.aio.Server | None = None
         self.running = False
         self._lock: TextIO | None = None
 
     async def start(self) -> None:
-        longest = self.layout.socket(f"slot-{self.config.local_substrate.slots - 1}")
+        check_network_host(self.config)
+        longest = self.layout.socket(f"slot-{self.config.local_substrate.slots - 1}", "f" * 32)
         if len(str(longest)) > MAX_UDS_PATH:
             raise RuntimeError(f"state_dir too deep: guest socket {longest} exceeds {MAX_UDS_PATH} bytes")
         self.layout.create()
@@ -76,19 +130,23 @@ class LocalSubstrate:
             self._lock = None
             raise
         status = {"address": self.address, "sandbox": self.level, "slots": self.config.local_substrate.slots,
-                  "pid": os.getpid()}  # fmt: skip
+                  "pid": os.getpid(), "isolation": self.isolation}  # fmt: skip
         write_json_atomic(self.layout.status, status)
         self.running = True
-        log.info("local substrate serving on %s (sandbox: %s, %d slots)", self.address, self.level,
-                 self.config.local_substrate.slots)  # fmt: skip
+        log.info("local substrate serving on %s (sandbox: %s, %d slots); isolation: %s", self.address,
+                 self.level, self.config.local_substrate.slots, json.dumps(self.isolation))  # fmt: skip
 
     async def _serve(self) -> None:
         self.level = await asyncio.to_thread(detect_level, self.config.local_substrate.sandbox)
         await asyncio.to_thread(compile_code)
+        first = uid_block(self.layout.root)
+        slot_uids = list(range(first, first + self.config.local_substrate.slots + 1))
+        write_etc(self.layout.sandbox_etc, slot_uids if os.geteuid() == 0 else [os.getuid()])
         self.control = Control(self.config, self.layout, self.level)
+        self.isolation = isolation_report(self.config, self.level, self.control.cgroups.mode)
         self.control.recover()
-        self._server = grpc.aio.server()
-        servicer = ControlServicer(self.control, self.control.faults)
+        self._server = grpc.aio.server(interceptors=[TokenAuth(read_or_make_token(self.layout.token))])
+        servicer = ControlServicer(self.control, Faults(self.config.local_substrate.faults))
         pb_grpc.add_ControlServicer_to_server(servicer, self._server)  # type: ignore[no-untyped-call]
         host = self.listen.rpartition(":")[0] or "127.0.0.1"
         port = self._server.add_insecure_port(self.listen)

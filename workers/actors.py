@@ -2,8 +2,8 @@
 
 Substrate's actor status is the truth for the actor; the session hash in Redis records what we
 did (fenced by the lease). A guest address is only ever taken from a fresh RUNNING answer and
-cached for the current lease epoch: worker pods and local slots are reused, so an address from
-an earlier resume may serve another actor now (the guest's identity check is the second guard).
+cached for the current lease epoch: worker pods and local slots are reused, so an address names
+one incarnation (routing.py) and the guest's identity check is the second guard.
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ from common.substrate import (
 log = logging.getLogger("atefleet.worker.actors")
 
 #: A guest that answered this recently is used without asking Substrate again (seconds). Safe
-#: because the guest refuses any other session, and a vanished guest makes the caller re-resolve.
+#: because a cached address names one incarnation of this actor (a local socket path carries its
+#: pod_uid; the cluster router selects by actor name), the guest refuses any other actor, and a
+#: vanished guest makes the caller re-resolve.
 GUEST_TRUST_S = 2.0
 #: How often a waiting resume looks at its place (s): the further back, the less often, up to
 #: the maximum. Admitted ones ask Substrate again as soon as this worker finishes a suspend (most
@@ -141,11 +143,6 @@ class ActorKeeper:
         self.forget(session)
         return await self._bind(ctx, actor)
 
-    def incarnation(self, session: str) -> str:
-        """The incarnation (`pod_uid`, new at every resume) of the session's cached actor, or ""."""
-        cached = self._guests.get(session)
-        return cached.actor.pod_uid if cached is not None else ""
-
     def guest_answered(self, session: str) -> None:
         """A guest call succeeded: the actor runs, so the trust window starts again."""
         cached = self._guests.get(session)
@@ -154,10 +151,10 @@ class ActorKeeper:
 
     async def _bind(self, ctx: JobContext, actor: Actor) -> GuestClient:
         """Connect to the guest of a fresh RUNNING answer and check (or bind) its identity."""
-        guest = GuestClient(await self.router.address(actor), session=ctx.job.session)
+        guest = GuestClient(await self.router.address(actor), actor=actor.name)
         try:
-            # The first /v1 request binds a fresh guest to this session; a guest bound to another
-            # session (a reused slot or pod) answers SessionMismatch.
+            # Proves the guest serves this actor: one serving another (a reused slot or pod)
+            # answers ActorMismatch.
             await guest.list_processes()
         except GuestError:
             await guest.aclose()

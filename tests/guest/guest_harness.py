@@ -16,7 +16,7 @@ from common.guest_client import GuestClient, GuestUnavailable
 from common.guest_protocol import GuestAddress
 
 SKILLS_DIR = str(Path(__file__).parent / "skills")
-SESSION = "test-env/session-1"
+ACTOR = "s-session-1-0123456789abcde"
 REPO = Path(__file__).resolve().parents[2]
 
 _job_ids = itertools.count(1)
@@ -28,6 +28,8 @@ class GuestProc:
 
     tmp: Path
     max_processes: int = 16
+    #: The actor its launcher names (`--actor`); None: bound by the first request.
+    actor: str | None = None
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -57,6 +59,7 @@ class GuestProc:
             SKILLS_DIR,
             "--max-processes",
             str(self.max_processes),
+            *(["--actor", self.actor] if self.actor else []),
         ]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stderr=open(self.tmp / "guest.log", "ab"))
         async with GuestClient(GuestAddress(uds=self.socket)) as client:
@@ -81,8 +84,8 @@ class GuestProc:
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=15)
 
-    def client(self, session: str = SESSION) -> GuestClient:
-        return GuestClient(GuestAddress(uds=self.socket), session=session)
+    def client(self, actor: str = ACTOR) -> GuestClient:
+        return GuestClient(GuestAddress(uds=self.socket), actor=actor)
 
 
 def new_job_id() -> str:

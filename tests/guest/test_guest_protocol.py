@@ -6,49 +6,69 @@ import asyncio
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
-from guest_harness import SESSION, GuestProc, call, new_job_id, wait_process_gone
+from guest_harness import ACTOR, GuestProc, call, new_job_id, wait_process_gone
 
 from common.guest_client import (
+    ActorMismatch,
     ExecutionNotFound,
     GuestClient,
     GuestProtocolError,
     GuestUnavailable,
-    SessionMismatch,
 )
-from common.guest_protocol import ExecutionView
+from common.guest_protocol import ExecutionView, Limits
 
 
 async def test_readyz_reports_binding_and_pid(guest: GuestProc, client: GuestClient) -> None:
     info = await client.readyz()
-    assert info == {"ready": True, "session": None, "pid": guest.proc.pid if guest.proc else 0}
+    assert info == {"ready": True, "actor": None, "pid": guest.proc.pid if guest.proc else 0}
     await call(client, "bash", command="true")
-    assert (await client.readyz())["session"] == SESSION
+    assert (await client.readyz())["actor"] == ACTOR
 
 
-async def test_bound_to_first_session_even_after_restart(guest: GuestProc, client: GuestClient) -> None:
+async def test_bound_to_first_actor_even_after_restart(guest: GuestProc, client: GuestClient) -> None:
     await call(client, "bash", command="true")
-    async with guest.client("test-env/other") as other:
-        with pytest.raises(SessionMismatch) as err:
+    async with guest.client("s-other-0123456789abcde") as other:
+        with pytest.raises(ActorMismatch) as err:
             await other.list_executions()
-        assert err.value.bound == SESSION
+        assert err.value.bound == ACTOR
     guest.stop()
     await guest.start()
-    async with guest.client("test-env/other") as other:
-        with pytest.raises(SessionMismatch):
+    async with guest.client("s-other-0123456789abcde") as other:
+        with pytest.raises(ActorMismatch):
             await call(other, "bash", command="touch should-not-exist")
     assert not (guest.workspace / "should-not-exist").exists()
-    async with guest.client(session=None) as anonymous:  # type: ignore[arg-type]
+    async with guest.client(actor=None) as anonymous:  # type: ignore[arg-type]
         with pytest.raises(GuestProtocolError) as perr:
             await anonymous.list_executions()
         assert perr.value.status == 400
 
 
+async def test_an_actor_named_by_the_launcher_refuses_every_other_even_first(tmp_path: Path) -> None:
+    # given a guest started for ACTOR (as the local Substrate starts it)
+    guest = GuestProc(tmp_path, actor=ACTOR)
+    await guest.start()
+    try:
+        # when another actor's request comes first, then it is refused and nothing runs
+        async with guest.client("s-intruder-0123456789abcde") as other:
+            with pytest.raises(ActorMismatch) as err:
+                await call(other, "bash", command="touch intruded")
+            assert err.value.bound == ACTOR
+        assert not (guest.workspace / "intruded").exists()
+        # and the named actor is still served
+        async with guest.client() as own:
+            assert (await own.readyz())["actor"] == ACTOR
+            assert (await call(own, "bash", command="echo ok"))["output"] == "ok\n"
+    finally:
+        guest.stop()
+
+
 async def test_unavailable_when_no_guest(tmp_path: object) -> None:
     from common.guest_protocol import GuestAddress
 
-    async with GuestClient(GuestAddress(uds=f"{tmp_path}/missing.sock"), session=SESSION) as c:
+    async with GuestClient(GuestAddress(uds=f"{tmp_path}/missing.sock"), actor=ACTOR) as c:
         with pytest.raises(GuestUnavailable):
             await c.readyz()
 
@@ -138,11 +158,12 @@ class _CountingClient(GuestClient):
     durations: list[float]
 
     async def poll(
-        self, job_id: str, stdout_offset: int = 0, stderr_offset: int = 0, wait_s: float = 5.0
+        self, job_id: str, stdout_offset: int = 0, stderr_offset: int = 0, wait_s: float = 5.0,
+        limits: Limits | None = None,
     ) -> ExecutionView:
         began = time.monotonic()
         try:
-            return await super().poll(job_id, stdout_offset, stderr_offset, wait_s)
+            return await super().poll(job_id, stdout_offset, stderr_offset, wait_s, limits)
         finally:
             self.durations.append(time.monotonic() - began)
 
@@ -151,7 +172,7 @@ async def test_sixty_second_command_through_short_polls(guest: GuestProc) -> Non
     from common.guest_protocol import GuestAddress
 
     chunks: list[tuple[str, str]] = []
-    async with _CountingClient(GuestAddress(uds=guest.socket), session=SESSION) as c:
+    async with _CountingClient(GuestAddress(uds=guest.socket), actor=ACTOR) as c:
         c.durations = []
         result, view = await c.run(
             new_job_id(),

@@ -17,11 +17,11 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from guest_harness import SESSION, GuestProc, new_job_id
+from guest_harness import ACTOR, GuestProc, new_job_id
 
 import guest.server
 from common.guest_http import GuestHTTP, ProtocolError
-from common.guest_protocol import SESSION_HEADER
+from common.guest_protocol import ACTOR_HEADER
 from guest.server import MAX_BODY_BYTES, MAX_HEAD_BYTES, HttpServer, Request
 
 #: Upper bound on any single wait in these tests: a hang guard, not a timing assertion.
@@ -33,7 +33,7 @@ Answer = tuple[int, dict[str, str], Any]
 def http_request(method: str, target: str, body: Any = None, extra: str = "") -> bytes:
     data = b"" if body is None else json.dumps(body).encode()
     head = (
-        f"{method} {target} HTTP/1.1\r\nhost: guest\r\n{SESSION_HEADER}: {SESSION}\r\n{extra}"
+        f"{method} {target} HTTP/1.1\r\nhost: guest\r\n{ACTOR_HEADER}: {ACTOR}\r\n{extra}"
         f"content-length: {len(data)}\r\n\r\n"
     )
     return head.encode() + data
@@ -276,14 +276,14 @@ async def read_request(reader: asyncio.StreamReader) -> bytes:
 
 
 def client_for(server: Scripted) -> GuestHTTP:
-    return GuestHTTP("http://guest", server.path, {SESSION_HEADER: SESSION}, None, connect_timeout_s=5)
+    return GuestHTTP("http://guest", server.path, {ACTOR_HEADER: ACTOR}, None, connect_timeout_s=5)
 
 
 async def chunked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """Answers every request of the connection with a chunked body, split across writes."""
     while True:
         head = await read_request(reader)
-        assert f"{SESSION_HEADER.lower()}: {SESSION}".encode() in head
+        assert f"{ACTOR_HEADER.lower()}: {ACTOR}".encode() in head
         writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
         writer.write(b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
 
@@ -410,7 +410,7 @@ async def test_https_over_tcp(tmp_path: Path) -> None:
     listener = await asyncio.start_server(server.serve, "127.0.0.1", 0, ssl=server_tls)
     port = listener.sockets[0].getsockname()[1]
     # When a client asks twice through https
-    http = GuestHTTP(f"https://127.0.0.1:{port}", None, {SESSION_HEADER: SESSION}, client_tls, 5)
+    http = GuestHTTP(f"https://127.0.0.1:{port}", None, {ACTOR_HEADER: ACTOR}, client_tls, 5)
     # Then both answers arrive over one verified connection
     assert await http.request("GET", "/a", timeout_s=GUARD_S) == (200, b"hello world")
     assert await http.request("GET", "/b", timeout_s=GUARD_S) == (200, b"hello world")

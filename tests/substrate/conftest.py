@@ -25,9 +25,12 @@ TEMPLATE = "default-env-template"
 def substrate_config(state_dir: Path, **local: Any) -> Config:
     """A config whose local Substrate keeps its state in `state_dir` (short: unix socket paths)."""
     envs = local.pop("environments", None)
+    auth = local.pop("auth", None)
     data: dict[str, Any] = {"state_dir": str(state_dir), "local_substrate": {"stop_grace_s": 2, **local}}
     if envs is not None:
         data["environments"] = envs
+    if auth is not None:
+        data["auth"] = auth
     return parse_config(data)
 
 
@@ -45,9 +48,9 @@ class Harness:
         return await self.client.ensure_actor(ATESPACE, name, template)
 
     async def bash(self, actor: Actor, command: str) -> dict[str, Any]:
-        """Run `command` in the actor through its real guest (bound to session test/<actor>)."""
+        """Run `command` in the actor through its real guest."""
         address = await LocalGuestRouter(self.config).address(actor)
-        guest = GuestClient(address, session=f"test/{actor.name}")
+        guest = GuestClient(address, actor=actor.name)
         self.guests.append(guest)
         result, _ = await guest.run(uuid.uuid4().hex, "bash", {"command": command})
         return dict(result)

@@ -168,7 +168,8 @@ async def test_a_crashed_server_brings_running_actors_back_at_their_last_snapsho
         assert reported["sandbox"] in ("bwrap", "unshare") and reported["slots"] == 1
         assert reported["pid"] == proc.pid
         address = reported["address"]
-        async with SubstrateClient(address) as client:
+        token = state_dir / "local-substrate" / "token"
+        async with SubstrateClient(address, token_file=str(token)) as client:
             h = Harness(config, None, client)  # type: ignore[arg-type]
             await h.actor("k1")
             actor = await client.resume_actor(ATESPACE, "k1")

@@ -1,10 +1,15 @@
 """Sandbox isolation, for each level (bwrap and unshare), checked with commands run the way an
-agent's commands run: through the real guest's bash tool inside the actor."""
+agent's commands run: through the real guest's bash tool inside the actor. Every test here also
+passes with the fleet as a normal user (marked `non_root`: CI runs them as one), where the
+unshare level does not exist and per-slot uids are not available."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import os
+import shlex
 import subprocess
 import uuid
 from pathlib import Path
@@ -12,11 +17,18 @@ from pathlib import Path
 import pytest
 
 from common.embedded_redis import EmbeddedRedis
-from common.substrate import Actor, ActorStatus
+from common.guest_client import ActorMismatch, GuestClient, GuestUnavailable
+from common.routing import LocalGuestRouter
+from common.substrate import Actor, ActorStatus, SubstrateClient, Unauthenticated
+from local_substrate.sandbox import ETC_ENTRIES, ETC_GENERATED, SandboxUnavailable, detect_level
+from tests.conftest import SANDBOX_LEVELS
 from tests.substrate.conftest import ATESPACE, Harness, Start
 
-LEVELS = ["bwrap", "unshare"]
+pytestmark = pytest.mark.non_root
+
+LEVELS = SANDBOX_LEVELS
 LIMITED = {"name": "default-env-template", "limits": {"memory_mb": 256, "max_pids": 64}}
+ROOT = os.geteuid() == 0
 
 
 async def _two_actors(start_substrate: Start, level: str) -> tuple[Harness, Actor, Actor]:
@@ -49,13 +61,19 @@ async def test_fleet_state_and_other_sessions_are_invisible(
         repo_root / "pyproject.toml",  # the repo root (config.yaml lives there)
         repo_root / ".state",
         redis_server.data_dir,  # the fleet's Redis data
+        h.server.layout.token,  # the gRPC credential
+        h.server.layout.socket_dir(a.pod_name),  # the guests' sockets
+        "/etc/shadow",
+        "/etc/hostname",
+        "/etc/machine-id",
+        "/run/atefleet",
     ]
     out = await h.bash(
         b, _absent(hidden) + f"; grep -rl {secret} /tmp /workspace /var /run /opt /work 2>/dev/null; echo end"
     )
     assert out["stdout"] == "end\n"
     # writable: only the workspace, the guest state dir and /tmp
-    dirs = "/ /usr /etc /opt/atefleet/guest /work /run"
+    dirs = "/ /usr /etc /opt/atefleet/guest /opt/atefleet/site-packages /work /run"
     probe = f"for d in {dirs}; do touch $d/x 2>/dev/null && echo WROTE $d; done"
     out = await h.bash(b, probe + "; touch /workspace/x /tmp/x /var/lib/atefleet-guest/x && echo ok")
     assert out["stdout"] == "ok\n"
@@ -81,12 +99,16 @@ async def test_ps_shows_only_its_own_processes(start_substrate: Start, level: st
     out = await h.bash(a, "ps -e -o uid=,comm=")
     rows = [line.split() for line in out["stdout"].splitlines()]
     uids = {int(r[0]) for r in rows}
-    assert uids <= {0, h.server.control.slots.get(a.pod_name).uid}  # type: ignore[union-attr]
+    slot_uid = h.server.control.slots.get(a.pod_name).uid  # type: ignore[union-attr]
+    assert uids <= ({0, slot_uid} if ROOT else {os.getuid()})
     assert len(rows) <= 6, rows  # init, guest, the shell, ps
 
 
 @pytest.mark.parametrize("level", LEVELS)
 async def test_fork_bomb_and_memory_hog_are_contained(start_substrate: Start, level: str) -> None:
+    if not ROOT:
+        pytest.skip("as a normal user every sandbox shares the fleet's uid, so RLIMIT_NPROC counts the "
+                    "fleet's own processes too: the per-sandbox pid cap needs root (docs/security.md)")
     h, a, b = await _two_actors(start_substrate, level)
     # given a memory hog: it fails inside the sandbox, the guest keeps serving
     out = await h.bash(a, "python3 -c 'x = bytearray(1 << 30)' 2>&1 | tail -1")
@@ -132,13 +154,35 @@ async def _until_tasks(uid: int, count: int, timeout_s: float = 20.0) -> None:
             await asyncio.sleep(0.05)
 
 
-async def test_network_host_template_shares_the_hosts_network(start_substrate: Start) -> None:
-    h = await start_substrate(slots=1, templates=[{"name": "default-env-template", "network": "host"}])
+async def test_network_host_is_refused_without_auth(start_substrate: Start) -> None:
+    with pytest.raises(RuntimeError, match="network: host.*configure auth"):
+        await start_substrate(slots=1, templates=[{"name": "default-env-template", "network": "host"}])
+
+
+async def test_network_host_reaches_the_port_but_not_the_control_plane(start_substrate: Start) -> None:
+    h = await start_substrate(slots=1, templates=[{"name": "default-env-template", "network": "host"}],
+                              auth={"api_keys": [{"name": "k", "sha256": "0" * 64}]})
     await h.actor("n")
     actor = await h.client.resume_actor(ATESPACE, "n")
     port = int(h.server.address.rpartition(":")[2])
     code = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2); print('CONNECTED')"
     assert (await h.bash(actor, f'python3 -c "{code}"'))["stdout"] == "CONNECTED\n"
+    # the port answers only with the token, which no sandbox can read
+    out = await h.bash(actor, f"cat {h.server.layout.token} 2>&1 || echo unreadable")
+    assert out["stdout"].endswith("unreadable\n")
+
+
+async def test_calls_without_the_token_are_refused(start_substrate: Start, tmp_path: Path) -> None:
+    h = await start_substrate(slots=1)
+    async with SubstrateClient(h.server.address, retry_attempts=1) as anonymous:
+        with pytest.raises(Unauthenticated):
+            await anonymous.list_atespaces()
+    wrong = tmp_path / "token"
+    wrong.write_text("not-the-token")
+    async with SubstrateClient(h.server.address, retry_attempts=1, token_file=str(wrong)) as forged:
+        with pytest.raises(Unauthenticated):
+            await forged.create_atespace("x")
+    assert h.server.layout.token.stat().st_mode & 0o777 == 0o600
 
 
 async def test_template_skills_are_mounted_read_only_at_the_environments_path(
@@ -165,11 +209,14 @@ async def test_without_a_sandbox_guests_still_run_and_the_level_says_so(start_su
     assert h.server.level == "none"
     status = json.loads(h.server.layout.status.read_text())
     assert status["sandbox"] == "none" and status["slots"] == 1
+    assert status["isolation"]["sandbox"] == "none"
+    assert any("no sandbox" in line for line in status["isolation"]["gives_up"])
     await h.actor("plain")
     actor = await h.client.resume_actor(ATESPACE, "plain")
     assert (await h.bash(actor, "echo hi > f.txt && cat f.txt"))["stdout"] == "hi\n"
 
 
+@pytest.mark.needs_bwrap
 async def test_sandboxes_share_one_cpu_weight(start_substrate: Start) -> None:
     """Every process of every sandbox runs under the server's one weighted cpu group."""
     h = await start_substrate(slots=2, sandbox="bwrap", templates=[LIMITED], sandbox_cpu_weight=25)
@@ -187,3 +234,127 @@ async def test_sandboxes_share_one_cpu_weight(start_substrate: Start) -> None:
     [parent] = groups
     assert parent.startswith("/atefleet-")
     assert Path(f"/sys/fs/cgroup/cpu{parent}/cpu.shares").read_text().strip() == str(25 * 1024 // 100)
+
+
+# -- a hostile tenant ---------------------------------------------------------------------------
+
+ROGUE = "import pathlib; pathlib.Path('/workspace/PWNED').write_text('rogue code ran')"
+
+
+@pytest.mark.parametrize("level", LEVELS)
+async def test_a_guest_package_in_the_workspace_does_not_replace_the_guest(
+    start_substrate: Start, level: str
+) -> None:
+    h, a, _ = await _two_actors(start_substrate, level)
+    # given everything a tenant could plant for the next interpreter start: a `guest` package in
+    # the workspace (the old cwd), in /tmp and the state dir, and site/user customize hooks
+    files = ("guest/__init__.py", "guest/__main__.py", "sitecustomize.py", "usercustomize.py")
+    targets = " ".join(f"{d}/{f}" for d in ("/workspace", "/tmp", "/var/lib/atefleet-guest") for f in files)
+    plant = "for d in /workspace /tmp /var/lib/atefleet-guest; do mkdir -p $d/guest; done; "
+    plant += f"printf '%s\\n' {shlex.quote(ROGUE)} | tee {targets} > /dev/null; echo planted"
+    assert (await h.bash(a, plant))["stdout"] == "planted\n"
+    # when the actor is suspended (the workspace is kept) and resumed
+    await h.client.suspend_actor(ATESPACE, "a")
+    a = await h.client.resume_actor(ATESPACE, "a")
+    # then the real guest serves it, the planted code never ran, and the files are still there
+    out = await h.bash(a, "test -e /workspace/PWNED && echo PWNED; cat guest/__init__.py | wc -l")
+    assert out["stdout"] == "1\n"
+    address = await LocalGuestRouter(h.config).address(a)
+    async with GuestClient(address, actor="a") as guest:
+        assert (await guest.readyz())["actor"] == "a"
+
+
+@pytest.mark.parametrize("level", LEVELS)
+async def test_guest_code_socket_and_memory_are_out_of_reach(start_substrate: Start, level: str) -> None:
+    h, a, _ = await _two_actors(start_substrate, level)
+    out = await h.bash(a, (
+        "rm -rf /opt/atefleet/guest 2>/dev/null; test -e /opt/atefleet/guest/__main__.py || echo REMOVED; "
+        "find / -type s -not -path '/proc/*' 2>/dev/null; "
+        # (the pattern is built at run time, so this shell's own command line does not match it)
+        "pat=run_; pat=${pat}module; echo pid1 $(ls -l /proc/1/fd 2>/dev/null | grep -c socket); "
+        "for p in /proc/[2-9]* /proc/1[0-9]*; do if grep -q $pat $p/cmdline 2>/dev/null; then "
+        "echo guest $(ls -l $p/fd/ 2>/dev/null | grep -c socket) "
+        "$(cat $p/environ > /dev/null 2>&1 && echo ENVIRON || echo closed); fi; done"))
+    # then the guest's code stays, no socket is reachable by path, the launcher's pid 1 holds no
+    # socket, and the guest's fds and environment are closed to the tenant's commands (the same
+    # uid as a normal user, but the guest is not dumpable)
+    assert out["stdout"] == "pid1 0\nguest 0 closed\n"
+
+
+async def test_a_stale_address_never_reaches_the_slots_next_actor(start_substrate: Start) -> None:
+    h = await start_substrate(slots=1)
+    await h.actor("a")
+    await h.actor("b")
+    a = await h.client.resume_actor(ATESPACE, "a")
+    stale = await LocalGuestRouter(h.config).address(a)
+    async with GuestClient(stale, actor="a") as guest:
+        await guest.list_processes()
+        # given the slot now runs another actor
+        await h.client.suspend_actor(ATESPACE, "a")
+        b = await h.client.resume_actor(ATESPACE, "b")
+        assert b.pod_name == a.pod_name and b.pod_uid != a.pod_uid
+        # when a's cached connection and address are used, then nothing reaches b's guest
+        with pytest.raises(GuestUnavailable):
+            await guest.run(uuid.uuid4().hex, "bash", {"command": "touch /workspace/from-a"})
+    # and a request for a sent to b's own address is refused by b's guest
+    async with GuestClient(await LocalGuestRouter(h.config).address(b), actor="a") as wrong:
+        with pytest.raises(ActorMismatch):
+            await wrong.run(uuid.uuid4().hex, "bash", {"command": "touch /workspace/from-a"})
+    assert (await h.bash(b, "ls /workspace"))["stdout"] == ""
+
+
+@pytest.mark.parametrize("level", LEVELS)
+async def test_no_fleet_secret_reaches_a_sandbox(
+    start_substrate: Start, level: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a local Substrate started by someone holding the fleet's secrets in its environment
+    key = base64.b64encode(os.urandom(32)).decode()
+    password = uuid.uuid4().hex
+    monkeypatch.setenv("ATEFLEET_SECRETS_KEY", key)
+    monkeypatch.setenv("ATEFLEET_REDIS_URL", f"redis://:{password}@127.0.0.1:6379/0")
+    monkeypatch.setenv("OPERATOR_SECRET", password)
+    h, a, _ = await _two_actors(start_substrate, level)
+    # then no process of the sandbox, pid 1 included, carries any of it
+    out = await h.bash(a, "for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ 2>/dev/null; done; env")
+    assert key not in out["stdout"] and password not in out["stdout"]
+    assert "ATEFLEET" not in out["stdout"] and "REDIS" not in out["stdout"]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+async def test_etc_holds_only_what_programs_need(start_substrate: Start, level: str) -> None:
+    h, a, _ = await _two_actors(start_substrate, level)
+    out = await h.bash(a, "ls -A /etc")
+    assert set(out["stdout"].split()) <= {*ETC_ENTRIES, *ETC_GENERATED}
+    out = await h.bash(a, "cut -d: -f1 /etc/passwd | sort -u | tr '\\n' ' '; id -un")
+    assert out["stdout"] == "nobody root sandbox sandbox\n"
+    # name lookup and TLS set-up still work
+    code = "import socket, ssl; socket.getaddrinfo('localhost', 80); ssl.create_default_context(); print(1)"
+    assert (await h.bash(a, f'python3 -c "{code}"'))["stdout"] == "1\n"
+
+
+@pytest.mark.parametrize("level", LEVELS)
+async def test_dev_shm_is_bounded(start_substrate: Start, level: str) -> None:
+    h, a, _ = await _two_actors(start_substrate, level)
+    # LIMITED has memory_mb 256: /dev/shm holds at most a quarter of it
+    out = await h.bash(a, "head -c 100M /dev/zero 2>&1 > /dev/shm/fill; du -m /dev/shm/fill | cut -f1")
+    assert "No space left" in out["stdout"] and int(out["stdout"].split()[-1]) <= 64
+
+
+async def test_auto_never_falls_back_to_no_sandbox(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # given a machine where neither bwrap nor unshare can be found
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap") as err:
+        detect_level("auto")
+    assert "sandbox: none" in str(err.value)  # the way to opt out, by name
+    assert detect_level("none") == "none"
+
+
+@pytest.mark.parametrize("level", LEVELS)
+async def test_status_states_the_isolation_in_force(start_substrate: Start, level: str) -> None:
+    h = await start_substrate(slots=1, sandbox=level)
+    report = json.loads(h.server.layout.status.read_text())["isolation"]
+    mode = h.server.control.cgroups.mode  # type: ignore[union-attr]
+    assert report["sandbox"] == level and report["per_slot_uids"] is ROOT
+    assert report["cgroups"] == (None if mode == "none" else mode)
+    assert "/dev/shm" in report["memory"]
+    assert any("per-slot uid" in line for line in report["gives_up"]) is not ROOT

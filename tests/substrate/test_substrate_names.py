@@ -43,14 +43,15 @@ def test_actor_names_are_unique_across_environments() -> None:
 
 
 def _actor(status: ActorStatus, pod: str = "slot-3") -> Actor:
-    return Actor("space", "s-x-1", "s-x-1", 3, "space", "tpl", status, pod_name=pod)
+    return Actor("space", "s-x-1", "s-x-1", 3, "space", "tpl", status, pod_name=pod, pod_uid="0123456789abcd")
 
 
 async def test_routing_local_and_cluster(tmp_path: Path) -> None:
     local = make_router(parse_config({"state_dir": str(tmp_path)}))
     assert isinstance(local, LocalGuestRouter)
     address = await local.address(_actor(ActorStatus.RUNNING))
-    assert address.uds == str(tmp_path.resolve() / "local-substrate" / "sock" / "slot-3" / "guest.sock")
+    # one socket per incarnation: the pod_uid's first 12 hex digits name it
+    assert address.uds == str(tmp_path.resolve() / "local-substrate/sock/slot-3/0123456789ab.sock")
     cluster = make_router(parse_config({"ate": {"ateapi": "api:443", "router_url": "http://router/"}}))
     assert isinstance(cluster, ClusterGuestRouter)
     address = await cluster.address(_actor(ActorStatus.RUNNING))

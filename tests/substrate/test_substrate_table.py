@@ -4,7 +4,6 @@ local_substrate over real gRPC."""
 from __future__ import annotations
 
 import asyncio
-import errno
 import time
 
 import pytest
@@ -91,7 +90,7 @@ async def test_resume_of_running_is_ok_unchanged_and_suspend_of_suspended_is_a_n
 async def test_overlapping_operations_are_aborted_at_once(start_substrate: Start) -> None:
     h = await start_substrate(slots=1)
     await h.actor("a1")
-    no_retry = SubstrateClient(h.server.address, retry_attempts=1)
+    no_retry = SubstrateClient(h.server.address, retry_attempts=1, token_file=str(h.server.layout.token))
     try:
         # given a resume in flight, when a second resume arrives, then it is ABORTED at once
         first = asyncio.create_task(no_retry.resume_actor(ATESPACE, "a1"))
@@ -177,7 +176,7 @@ async def test_a_failed_suspend_is_finished_by_the_next_suspend_or_resume(
     assert control is not None
 
     def broken(*args: object) -> None:
-        raise OSError(errno.ENOSPC, "disk full")
+        raise OSError("disk full")
 
     # given a suspend that fails midway (the snapshot write), the actor stays SUSPENDING
     monkeypatch.setattr(control.snapshots, "write", broken)
@@ -280,7 +279,8 @@ async def test_a_version_conflict_is_aborted(start_substrate: Start, monkeypatch
         raise VersionConflict("v1")
 
     monkeypatch.setattr(control.store, "update", conflict)
-    async with SubstrateClient(h.server.address, retry_attempts=1) as client:
+    async with SubstrateClient(h.server.address, retry_attempts=1,
+                                     token_file=str(h.server.layout.token)) as client:
         with pytest.raises(SubstrateBusy, match="concurrent update conflict"):
             await client.update_actor(ATESPACE, "v1", {"pool": "a"})
 
@@ -292,6 +292,7 @@ async def test_injected_latency_and_errors(start_substrate: Start) -> None:
     started = time.monotonic()
     await h.client.list_atespaces()
     assert time.monotonic() - started >= 0.08
-    async with SubstrateClient(h.server.address, retry_attempts=2) as client:
+    async with SubstrateClient(h.server.address, retry_attempts=2,
+                                     token_file=str(h.server.layout.token)) as client:
         with pytest.raises(SubstrateUnavailable, match="injected fault"):
             await client.get_atespace(ATESPACE)
