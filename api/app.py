@@ -18,15 +18,18 @@ from api.auth import Authenticator
 from api.body_limit import BodyLimitMiddleware
 from api.fleet import Fleet
 from api.hot_path import HotPath
+from api.mcp import McpEndpoint
 from api.policy import Policies
 from api.problems import install_problem_handlers
 from api.quotas import StreamSlots
 from api.rate_limit import RateLimiter
 from api.routes_audit import router as audit_router
 from api.routes_capacity import router as capacity_router
+from api.routes_dlq import router as dlq_router
 from api.routes_jobs import router as jobs_router
 from api.routes_meta import router as meta_router
 from api.routes_sessions import router as sessions_router
+from api.ui.routes import install_ui
 from common.audit import AuditLog
 from common.config import Config
 from common.queue import JobWaiter, Queue
@@ -45,6 +48,7 @@ def create_app(config: Config, redis_url: str | None = None) -> ASGIApp:
     if not url:
         raise SystemExit("atefleet api: redis.url (or $ATEFLEET_REDIS_URL) is required; "
                          "`atefleet up` starts an embedded Redis")
+    mcp = McpEndpoint()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -63,7 +67,8 @@ def create_app(config: Config, redis_url: str | None = None) -> ASGIApp:
                                 secret_box=SecretBox(load_key(config.state_dir)), audit=audit,
                                 policies=Policies(config), streams=StreamSlots(), stream_queue=stream_queue)
         try:
-            yield
+            async with mcp.running():  # the MCP endpoint's task group
+                yield
         finally:
             await waiter.close()
             await audit.aclose()
@@ -80,5 +85,8 @@ def create_app(config: Config, redis_url: str | None = None) -> ASGIApp:
     app.include_router(jobs_router)
     app.include_router(audit_router)
     app.include_router(meta_router)
+    app.include_router(dlq_router)
+    install_ui(app)  # the operator UI at /ui (api/ui)
     app.include_router(capacity_router)
+    app.mount("/mcp", mcp)  # MCP over Streamable HTTP, one endpoint per session (api/mcp.py)
     return BodyLimitMiddleware(HotPath(app), max_bytes=config.api.body_max_bytes)

@@ -386,6 +386,16 @@ class TemplateLimits(_Model):
     max_pids: int = Field(256, ge=8)
     file_size_mb: int = Field(1024, ge=1)
     open_files: int = Field(1024, ge=16)
+    #: Data a snapshot may hold (workspace + guest state; holes of sparse files are free): a
+    #: suspend over it is refused and the actor goes back to its last snapshot.
+    workspace_mb: int = Field(4096, ge=1)
+    #: Files, dirs and links a snapshot may hold (same refusal).
+    workspace_entries: int = Field(200_000, ge=16)
+    #: Dir depth a snapshot may hold (same refusal).
+    workspace_depth: int = Field(4096, ge=8)
+    #: Size of the sandbox's /tmp, a tmpfs: writes past it fail with ENOSPC (its pages count
+    #: against the memory cgroup where there is one).
+    tmp_mb: int = Field(512, ge=1)
 
     _blank = model_validator(mode="before")(_none_to_default)
 
@@ -419,6 +429,8 @@ class FaultConfig(_Model):
     #: gRPC status code name to answer with when an error is injected.
     error_code: str = "UNAVAILABLE"
     seed: int = 0
+    #: Answer actors left RESUMING/SUSPENDING as the real server does (see local_substrate.faults).
+    upstream_transit: bool = False
 
     _blank = model_validator(mode="before")(_none_to_default)
 

@@ -1,11 +1,13 @@
-"""The fleet's own recent history, kept in Redis for the operator UI: per-second counters and indexes.
+"""The fleet's own recent history, kept in Redis for the operator UI: counters per 10 s, and indexes.
 
 Nothing on the request path writes these. The reconciler leader folds the `events` stream (which
 every job state change and drift already goes to) into them once per period (`StatsPass`):
 
-- `stats:s:{second}`: jobs ended that second by state (`succeeded`, `failed`, `cancelled`),
-  enqueued (`queued`, first attempts only), drifts (`drift`), and a latency histogram of the ended
-  jobs (`l{bucket}`: enqueue → end, read from the job id's creation time); kept `WINDOW_S` + slack;
+- `stats:s:{start}`: per `BUCKET_S` seconds from `start` (unix s), jobs ended by state
+  (`succeeded`, `failed`, `cancelled`), enqueued (`queued`, first attempts only), drifts (`drift`),
+  and a latency histogram of the ended jobs (`l{bucket}`: enqueue → end, read from the job id's
+  creation time); kept `WINDOW_S` + slack. A chart of the window reads `WINDOW_S / BUCKET_S` hashes
+  (90): per-second hashes made the overview read 900, a third of its answer time;
 - `stats:jobs` and `stats:sjobs:{session}`: the most recent job ids fleet-wide and per session
   (job search and a session's timeline without scanning the keyspace), capped;
 - `stats:drifts:{session}`: a session's drift events, capped;
@@ -23,7 +25,7 @@ import json
 import math
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -36,8 +38,10 @@ from common.queue.queue import job_id_created_s
 
 #: Seconds of history the charts show (15 minutes).
 WINDOW_S = 900
-#: A second's counters live this long (s): the window plus slack for a lagging reader.
-SECOND_TTL_S = WINDOW_S + 120
+#: Seconds one counter hash covers (one chart point).
+BUCKET_S = 10
+#: A bucket's counters live this long (s): the window plus slack for a lagging reader.
+BUCKET_TTL_S = WINDOW_S + 120
 #: Events folded per pass at most.
 FOLD_MAX = 50_000
 #: Job ids kept in the fleet-wide recent index, and per session.
@@ -82,9 +86,9 @@ def quantile_ms(histogram: Mapping[int, int], q: float) -> float | None:
 
 @dataclass
 class Fold:
-    """What a batch of `events` entries adds: counters by second, job ids by session, drifts."""
+    """What a batch of `events` entries adds: counters by bucket, job ids by session, drifts."""
 
-    seconds: defaultdict[int, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    buckets: defaultdict[int, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     jobs: dict[str, int] = field(default_factory=dict)
     session_jobs: defaultdict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
     drifts: defaultdict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
@@ -92,9 +96,9 @@ class Fold:
     def add(self, entry_id: str, fields: Mapping[str, str]) -> None:
         """One `events` entry; its time is its stream id's (the scripts' own clock)."""
         ts_ms = int(entry_id.partition("-")[0])
-        second = ts_ms // 1000
+        bucket = ts_ms // 1000 // BUCKET_S * BUCKET_S
         if "drift" in fields:
-            self.seconds[second]["drift"] += 1
+            self.buckets[bucket]["drift"] += 1
             if "session" in fields:
                 self.drifts[fields["session"]].append(json.dumps(
                     {"ts_ms": ts_ms, "drift": fields["drift"], "detail": fields.get("detail", "")}))
@@ -108,9 +112,9 @@ class Fold:
             self.jobs[jid] = created_ms
             self.session_jobs[session][jid] = created_ms
             if ts_ms - created_ms < 1000:  # a retry's re-queue is not a new job
-                self.seconds[second]["queued"] += 1
+                self.buckets[bucket]["queued"] += 1
         elif state in _TERMINAL:
-            counter = self.seconds[second]
+            counter = self.buckets[bucket]
             counter[state] += 1
             counter[f"l{latency_bucket(ts_ms - created_ms)}"] += 1
 
@@ -124,7 +128,7 @@ def fold(entries: Iterable[tuple[str, Mapping[str, str]]]) -> Fold:
 
 @dataclass(frozen=True)
 class Point:
-    """One chart point: jobs ended per second and their latency over `step_s` seconds from `t`."""
+    """One chart point: jobs ended per second and their latency over `BUCKET_S` seconds from `t`."""
 
     t: int
     calls_per_s: float
@@ -142,16 +146,14 @@ class FleetStats:
         self.redis = redis
         self.keys = keys
 
-    async def series(self, now_s: float | None = None, window_s: int = WINDOW_S,
-                     step_s: int = 10) -> list[Point]:
-        """Points every `step_s` over the last `window_s` seconds, oldest first (complete seconds only)."""
-        end = int(now_s if now_s is not None else time.time())
-        start = end - window_s
+    async def series(self, now_s: float | None = None, window_s: int = WINDOW_S) -> list[Point]:
+        """A point per bucket over the last `window_s` seconds, oldest first (complete buckets only)."""
+        end = int(now_s if now_s is not None else time.time()) // BUCKET_S * BUCKET_S
+        starts = range(end - window_s, end, BUCKET_S)
         pipe = self.redis.pipeline(transaction=False)
-        for second in range(start, end):
-            pipe.hgetall(self.keys.stats_second(second))
-        seconds = await pipe.execute()
-        return [_point(start + i, step_s, seconds[i:i + step_s]) for i in range(0, window_s, step_s)]
+        for start in starts:
+            pipe.hgetall(self.keys.stats_bucket(start))
+        return [_point(start, raw) for start, raw in zip(starts, await pipe.execute(), strict=True)]
 
     async def sessions_by_state(self) -> dict[str, int]:
         raw = await self.redis.hgetall(self.keys.stats_sessions)  # type: ignore[misc]
@@ -172,19 +174,18 @@ class FleetStats:
         return [json.loads(text(x)) for x in raw]
 
 
-def _point(t: int, step_s: int, seconds: Sequence[Mapping[Any, Any]]) -> Point:
+def _point(t: int, raw: Mapping[Any, Any]) -> Point:
     totals: Counter[str] = Counter()
     histogram: Counter[int] = Counter()
-    for raw in seconds:
-        for k, v in raw.items():
-            name, count = text(k), int(v)
-            if name.startswith("l"):
-                histogram[int(name[1:])] += count
-            else:
-                totals[name] += count
+    for k, v in raw.items():
+        name, count = text(k), int(v)
+        if name.startswith("l"):
+            histogram[int(name[1:])] += count
+        else:
+            totals[name] += count
     ended = sum(totals[s] for s in _TERMINAL)
-    return Point(t=t, calls_per_s=ended / step_s, failed_per_s=totals["failed"] / step_s,
-                 enqueued_per_s=totals["queued"] / step_s, p50_ms=quantile_ms(histogram, 0.5),
+    return Point(t=t, calls_per_s=ended / BUCKET_S, failed_per_s=totals["failed"] / BUCKET_S,
+                 enqueued_per_s=totals["queued"] / BUCKET_S, p50_ms=quantile_ms(histogram, 0.5),
                  p99_ms=quantile_ms(histogram, 0.99), drifts=totals["drift"])
 
 
@@ -218,11 +219,11 @@ class StatsPass:
     async def _write(self, folded: Fold, cursor: str) -> None:
         k = self.keys
         pipe = self.redis.pipeline(transaction=False)
-        for second, counter in folded.seconds.items():
-            key = k.stats_second(second)
+        for start, counter in folded.buckets.items():
+            key = k.stats_bucket(start)
             for name, n in counter.items():
                 pipe.hincrby(key, name, n)
-            pipe.expire(key, SECOND_TTL_S)
+            pipe.expire(key, BUCKET_TTL_S)
         if folded.jobs:
             pipe.zadd(k.recent_jobs, folded.jobs)
             pipe.zremrangebyrank(k.recent_jobs, 0, -RECENT_JOBS_MAX - 1)

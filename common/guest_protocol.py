@@ -33,6 +33,12 @@ ACTOR_HEADER = "X-Atefleet-Actor"
 #: Longest a guest holds one request (the cluster router's limit is a little above this).
 MAX_WAIT_S = 5.0
 
+#: The call env var carrying the session's identity token (minted at each resume by the worker,
+#: workers/session_identity.py); the guest gives it to commands as this variable and as a file,
+#: named by SESSION_TOKEN_FILE_ENV.
+SESSION_TOKEN_ENV = "ATEFLEET_SESSION_TOKEN"
+SESSION_TOKEN_FILE_ENV = "ATEFLEET_SESSION_TOKEN_FILE"
+
 #: Job ids become file names in the guest's journal, so their alphabet is restricted.
 JOB_ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._:-]{0,127}$"
 

@@ -14,6 +14,7 @@ below, translated once from status codes (the causes are chained).
     ├── ConfigurationError            other FAILED_PRECONDITION (missing template or atespace),
     │   └── TemplateMismatch          create-if-absent found the actor with another template
     ├── InvalidArgument               INVALID_ARGUMENT (e.g. a name that is not a DNS-1123 label)
+    ├── SnapshotFailed                RESOURCE_EXHAUSTED: a suspend's snapshot refused or failed
     ├── Unauthenticated               UNAUTHENTICATED / PERMISSION_DENIED, or no readable token
     └── SubstrateInternal             INTERNAL and anything unexpected
 
@@ -27,10 +28,12 @@ RESUMING), and `close()` waits for such calls. In JWT mode the bearer token is r
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -57,6 +60,12 @@ RETRY_CAP_S = 2.0
 NO_FREE_WORKERS = "no free workers available"
 #: ListActors restarts from the first page at most this many times after an error.
 LIST_RESTARTS = 3
+#: Trailing metadata of a local Substrate's SuspendActor answer: the special files (FIFOs,
+#: sockets, devices) its snapshot left out, as JSON {"count": n, "paths": [...]}. Not part of the
+#: Substrate contract: a cluster never sends it.
+DROPPED_FILES_KEY = "atefleet-dropped-files"
+#: Characters of paths that report carries at most (gRPC metadata is small).
+DROPPED_REPORT_CHARS = 4000
 
 
 class SubstrateError(Exception):
@@ -97,6 +106,11 @@ class ConfigurationError(SubstrateError):
 
 class TemplateMismatch(ConfigurationError):
     pass
+
+
+class SnapshotFailed(SubstrateError):
+    """RESOURCE_EXHAUSTED on suspend: the snapshot was over a template limit or could not be
+    written; the actor is SUSPENDED at its previous snapshot."""
 
 
 class InvalidArgument(SubstrateError):
@@ -152,6 +166,10 @@ class Actor:
     latest_snapshot: str = ""
     worker_pool: str = ""
     worker_selector: dict[str, str] = field(default_factory=dict)
+    #: Answer to a local Substrate's suspend: special files its snapshot left out (how many, and
+    #: the first of their paths).
+    dropped_count: int = 0
+    dropped_files: tuple[str, ...] = ()
 
     @property
     def running(self) -> bool:
@@ -245,9 +263,33 @@ def translate(rpc: str, err: grpc.aio.AioRpcError) -> SubstrateError:
     code, details = err.code(), err.details() or ""
     if code == grpc.StatusCode.FAILED_PRECONDITION:
         cls = _classify_precondition(rpc, details)
+    elif code == grpc.StatusCode.RESOURCE_EXHAUSTED and rpc in ("SuspendActor", "PauseActor"):
+        cls = SnapshotFailed
     else:
         cls = _BY_CODE.get(code, SubstrateInternal)
     return cls(f"{rpc}: {code.name}: {details}")
+
+
+def encode_dropped(paths: tuple[str, ...]) -> str:
+    """The DROPPED_FILES_KEY value: printable ASCII, names shown with their odd bytes escaped."""
+    sample: list[str] = []
+    size = 0
+    for p in paths:
+        shown = os.fsencode(p).decode("utf-8", "backslashreplace")
+        size += len(json.dumps(shown))
+        if size > DROPPED_REPORT_CHARS:
+            break
+        sample.append(shown)
+    return json.dumps({"count": len(paths), "paths": sample})
+
+
+def _dropped(trailers: dict[str, str]) -> dict[str, Any]:
+    """Actor fields from a DROPPED_FILES_KEY trailer (none when absent or unreadable)."""
+    try:
+        report = json.loads(trailers[DROPPED_FILES_KEY])
+        return {"dropped_count": int(report["count"]), "dropped_files": tuple(map(str, report["paths"]))}
+    except (KeyError, ValueError, TypeError):
+        return {}
 
 
 def _backoff_s(attempt: int) -> float:
@@ -291,6 +333,7 @@ class SubstrateClient:
         self.address = address
         self._channel = _open_channel(address, tls)
         self._stub = pb_grpc.ControlStub(self._channel)  # type: ignore[no-untyped-call]
+        self._identity_stub = pb_grpc.SessionIdentityStub(self._channel)  # type: ignore[no-untyped-call]
         self._token_file = token_file
         self._lifecycle_deadline_s = max(lifecycle_deadline_s, MIN_LIFECYCLE_DEADLINE_S)
         self._call_deadline_s = call_deadline_s
@@ -315,21 +358,30 @@ class SubstrateClient:
             return ()
         return (("authorization", f"Bearer {_read_token(self._token_file)}"),)
 
-    async def _call(self, rpc: str, request: Any, deadline_s: float) -> Any:
-        """One RPC with retries on ABORTED/UNAVAILABLE; failures become SubstrateErrors."""
-        method: Callable[..., Awaitable[Any]] = getattr(self._stub, rpc)
+    async def _call(
+        self, rpc: str, request: Any, deadline_s: float, trailers: dict[str, str] | None = None,
+        stub: Any = None,
+    ) -> Any:
+        """One RPC (of `Control`, unless `stub` says) with retries on ABORTED/UNAVAILABLE; failures
+        become SubstrateErrors. `trailers` receives the answer's trailing metadata."""
+        method: Callable[..., Any] = getattr(stub or self._stub, rpc)
         for attempt in range(self._retry_attempts):
             try:
-                return await method(request, timeout=deadline_s, metadata=self._metadata())
+                call = method(request, timeout=deadline_s, metadata=self._metadata())
+                response = await call
+                if trailers is not None:
+                    received = await call.trailing_metadata() or ()
+                    trailers.update((k, v) for k, v in received if isinstance(v, str))
+                return response
             except grpc.aio.AioRpcError as err:
                 if err.code() not in _RETRIED or attempt == self._retry_attempts - 1:
                     raise translate(rpc, err) from err
             await asyncio.sleep(_backoff_s(attempt))
         raise AssertionError("unreachable: the last attempt raises")
 
-    async def _lifecycle(self, rpc: str, request: Any) -> Any:
+    async def _lifecycle(self, rpc: str, request: Any, trailers: dict[str, str] | None = None) -> Any:
         """A resume/suspend/pause: long deadline, shielded from the caller's cancellation."""
-        task = asyncio.create_task(self._call(rpc, request, self._lifecycle_deadline_s))
+        task = asyncio.create_task(self._call(rpc, request, self._lifecycle_deadline_s, trailers))
         self._inflight.add(task)
         task.add_done_callback(self._lifecycle_done)
         return await asyncio.shield(task)
@@ -340,6 +392,14 @@ class SubstrateClient:
         # logged once here instead of as "exception never retrieved".
         if not task.cancelled() and task.exception() is not None:
             log.info("a lifecycle call finished after its caller left: %s", task.exception())
+
+    # -- session identity -------------------------------------------------------------------------
+
+    async def mint_session_jwt(self, audience: list[str], app_id: str, user_id: str, session_id: str) -> str:
+        """`SessionIdentity.MintJWT`: a JWT proving which session speaks, signed by Substrate."""
+        request = pb.MintJWTRequest(audience=audience, app_id=app_id, user_id=user_id, session_id=session_id)
+        resp = await self._call("MintJWT", request, self._call_deadline_s, stub=self._identity_stub)
+        return str(resp.session_jwt)
 
     # -- actors ---------------------------------------------------------------------------------
 
@@ -391,9 +451,12 @@ class SubstrateClient:
         return _actor_from_pb(atespace, name, resp.actor)
 
     async def suspend_actor(self, atespace: str, name: str) -> Actor:
-        """Snapshot and stop the actor (a no-op when SUSPENDED; retries a failed suspend)."""
-        resp = await self._lifecycle("SuspendActor", pb.SuspendActorRequest(actor_ref=_ref(atespace, name)))
-        return _actor_from_pb(atespace, name, resp.actor)
+        """Snapshot and stop the actor (a no-op when SUSPENDED; retries a failed suspend).
+        SnapshotFailed: the snapshot was refused or failed, the actor is back at its last one."""
+        trailers: dict[str, str] = {}
+        request = pb.SuspendActorRequest(actor_ref=_ref(atespace, name))
+        resp = await self._lifecycle("SuspendActor", request, trailers)
+        return replace(_actor_from_pb(atespace, name, resp.actor), **_dropped(trailers))
 
     async def pause_actor(self, atespace: str, name: str) -> Actor:
         resp = await self._lifecycle("PauseActor", pb.PauseActorRequest(actor_ref=_ref(atespace, name)))

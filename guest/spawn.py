@@ -15,6 +15,8 @@ import subprocess
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from common.guest_protocol import SESSION_TOKEN_ENV, SESSION_TOKEN_FILE_ENV
+
 #: PATH used when the guest itself was started without one.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -51,6 +53,27 @@ def command_env(workspace: str, cwd: str, extra: dict[str, str]) -> dict[str, st
     env["PWD"] = cwd
     env.update(extra)
     return env
+
+
+def expose_session_token(state_dir: str, env: dict[str, str]) -> None:
+    """Give commands the session's identity token (SESSION_TOKEN_ENV, set by the worker on each
+    call) as a file too: written (owner-only) when it changed, named by SESSION_TOKEN_FILE_ENV."""
+    token = env.get(SESSION_TOKEN_ENV)
+    if not token:
+        return
+    path = os.path.join(state_dir, "session-token")
+    try:
+        with open(path) as f:
+            current = f.read()
+    except FileNotFoundError:
+        current = ""
+    if current != token:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token)
+        os.replace(tmp, path)
+    env[SESSION_TOKEN_FILE_ENV] = path
 
 
 async def spawn_shell(command: str, cwd: str, env: dict[str, str], stdin: bool) -> asyncio.subprocess.Process:

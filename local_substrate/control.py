@@ -38,12 +38,14 @@ from local_substrate.errors import (
     invalid,
     not_found,
     precondition,
+    snapshot_failed,
 )
+from local_substrate.faults import Faults
 from local_substrate.golden import GoldenSnapshots
 from local_substrate.guests import sandbox_spec, start_guest
 from local_substrate.layout import Layout
 from local_substrate.slots import Slot, SlotPool
-from local_substrate.snapshots import SnapshotStore, restore_snapshot
+from local_substrate.snapshots import HOST_ERRNOS, SnapshotLimits, SnapshotStore, restore_snapshot
 from local_substrate.store import ActorRecord, Status, Store
 
 log = logging.getLogger(__name__)
@@ -91,6 +93,7 @@ class Control:
             e.template for e in config.environments
         }
         self._busy: set[str] = set()
+        self.faults = Faults(config.local_substrate.faults)
         self._ops: set[asyncio.Task[Any]] = set()
 
     # -- startup / shutdown -----------------------------------------------------------------------
@@ -111,6 +114,8 @@ class Control:
                 self.store.update(rec.evolve(slot="", run_id=""))
         for slot in self.slots.slots:
             slot.dirs.prepare()
+        self.snapshots.collect({rec.uid: rec.snapshot for rec in self.store.all()})
+        self.golden.collect([self._config.template(t) for t in sorted(self._templates)])
 
     async def close(self, suspend_running: bool = True) -> None:
         """Finish running operations, snapshot running actors (or not), stop every sandbox."""
@@ -280,7 +285,9 @@ class Control:
         rec = self.get_actor(atespace, name)
         if rec.status is Status.RUNNING:
             return rec
-        if rec.status in (Status.SUSPENDING, Status.PAUSING):
+        if rec.status in (Status.SUSPENDING, Status.PAUSING) and self.faults.upstream_transit:
+            rec = await self._drop_checkpoint(rec)
+        elif rec.status in (Status.SUSPENDING, Status.PAUSING):
             # An earlier suspend failed midway: finish its checkpoint first, then resume from it.
             rec = await self._suspend(atespace, name, Status.SUSPENDED)
         self._release_leftover(rec)
@@ -289,6 +296,7 @@ class Control:
             raise precondition(NO_FREE_WORKERS)
         rec = self.store.update(rec.evolve(status=Status.RESUMING, slot=slot.name, run_id=uuid.uuid4().hex))
         try:
+            self.faults.midway("ResumeActor")
             await self._start(rec, slot, boot)
         except BaseException:
             self.slots.release(slot)
@@ -298,6 +306,15 @@ class Control:
         rec = self.store.update(rec.evolve(status=Status.RUNNING))
         slot.watcher = asyncio.create_task(self._watch(slot, rec))
         return rec
+
+    async def _drop_checkpoint(self, rec: ActorRecord) -> ActorRecord:
+        """Upstream's resume of an actor a failed suspend left in transit: the slot's files are
+        dropped, so the resume restores the snapshot from before that suspend."""
+        slot = self.slots.get(rec.slot) if rec.slot else None
+        if slot is not None and slot.actor == rec.name:
+            await self._stop_process(slot)
+            self.slots.release(slot)
+        return self.store.update(rec.evolve(slot="", run_id=""))
 
     def _release_leftover(self, rec: ActorRecord) -> None:
         slot = self.slots.get(rec.slot) if rec.slot else None
@@ -325,6 +342,8 @@ class Control:
         rec = self.get_actor(atespace, name)
         if rec.status is target:
             return rec
+        if rec.status is Status.RESUMING and self.faults.upstream_transit:
+            raise invalid('invalid snapshot URI prefix ""')  # upstream: only a resume gets it out
         slot = self.slots.get(rec.slot) if rec.slot else None
         if (
             slot is None
@@ -341,9 +360,24 @@ class Control:
         if rec.status is not going:
             rec = self.store.update(rec.evolve(status=going))
         await self._stop_process(slot)
+        self.faults.midway("SuspendActor" if target is Status.SUSPENDED else "PauseActor")
         path = self.snapshots.new_path(rec.uid)
-        await asyncio.to_thread(self.snapshots.write, path, slot.dirs.snapshot_sources())
-        rec = self.store.update(rec.evolve(status=target, slot="", run_id="", snapshot=str(path)))
+        limits = SnapshotLimits.of(self._template(rec).limits)
+        try:
+            sources = slot.dirs.snapshot_sources()
+            dropped = await asyncio.to_thread(self.snapshots.write, path, sources, limits)
+        except Exception as err:
+            if isinstance(err, OSError) and err.errno in HOST_ERRNOS:
+                raise  # stays SUSPENDING in its slot, files and all: the next suspend or resume retries
+            # Whatever the tenant's tree did, never left SUSPENDING holding a slot: back to the
+            # last snapshot, as after a pod death.
+            self.store.update(rec.evolve(status=target, slot="", run_id=""))
+            self.slots.release(slot)
+            log.warning("snapshot of %s/%s failed: %s", atespace, name, err)
+            raise snapshot_failed(f"{atespace}/{name}", err) from err
+        rec = self.store.update(
+            rec.evolve(status=target, slot="", run_id="", snapshot=str(path), dropped=tuple(dropped))
+        )
         self.snapshots.prune(rec.uid, keep=rec.snapshot)
         self.slots.release(slot)
         return rec

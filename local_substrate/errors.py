@@ -22,6 +22,14 @@ def precondition(message: str) -> ControlError:
     return ControlError("FAILED_PRECONDITION", message)
 
 
+def snapshot_failed(actor: str, err: Exception) -> ControlError:
+    """A suspend whose snapshot was refused (over a template limit) or failed on the tenant's
+    tree: the actor is back at its last snapshot, and a retry would not help."""
+    return ControlError(
+        "RESOURCE_EXHAUSTED", f"snapshot of {actor} failed: {err}; the actor is back at its last snapshot"
+    )
+
+
 #: The exact message clients match to tell capacity from configuration errors.
 NO_FREE_WORKERS = "no free workers available"
 IN_PROGRESS = "another operation is in progress"

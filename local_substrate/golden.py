@@ -3,8 +3,9 @@
 A new actor (no snapshot of its own) starts from its template's golden snapshot. Baking runs the
 template's `setup` commands (`sh -ec`, in order, in /workspace) in a sandbox with the template's
 network and limits, then snapshots the workspace. The golden file's name carries a hash of the
-setup, so editing a template's setup bakes a new one. The first resume of a template therefore
-is slow (it waits for the bake) and says so in the log; later resumes restore the file.
+setup, so editing a template's setup bakes a new one (and deletes the old one). The first resume
+of a template therefore is slow (it waits for the bake) and says so in the log; later resumes
+restore the file.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import asyncio
 import hashlib
 import json
 import logging
-import shutil
+import re
 import time
 from pathlib import Path
 
@@ -23,7 +24,8 @@ from local_substrate.guests import sandbox_spec
 from local_substrate.layout import Layout
 from local_substrate.sandbox import start_sandbox
 from local_substrate.slots import SlotDirs, uid_block
-from local_substrate.snapshots import write_snapshot
+from local_substrate.snapshots import SnapshotLimits, SnapshotRefused, write_snapshot
+from local_substrate.trees import remove_tree
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +78,33 @@ class GoldenSnapshots:
         try:
             if template.setup:
                 await self._run_setup(template, skills, dirs)
-            await asyncio.to_thread(
-                write_snapshot, target, {"workspace": dirs.workspace, "state": dirs.state}
+            dropped = await asyncio.to_thread(
+                write_snapshot, target, dirs.snapshot_sources(), SnapshotLimits.of(template.limits)
             )
+        except SnapshotRefused as err:
+            raise BakeError(f"template {template.name}: setup left a workspace over limits: {err}") from err
         finally:
-            shutil.rmtree(base, ignore_errors=True)
+            await asyncio.to_thread(remove_tree, str(base))
+        if dropped:
+            log.warning("template %s: special files left out of its golden snapshot: %s",
+                        template.name, dropped)  # fmt: skip
+        self._remove_older(template, target)
+
+    def _remove_older(self, template: TemplateConfig, current: Path) -> None:
+        """Delete the template's golden snapshots of earlier setups: nothing restores them again."""
+        for p in self._layout.golden.glob(f"{template.name}-*.tar.zst"):
+            if p != current and re.fullmatch(rf"{re.escape(template.name)}-[0-9a-f]{{16}}\.tar\.zst", p.name):
+                log.info("template %s: deleting its earlier setup's golden snapshot %s", template.name, p)
+                p.unlink(missing_ok=True)
+
+    def collect(self, templates: list[TemplateConfig]) -> None:
+        """After a restart: delete every golden file that is not the current one of a template
+        (templates removed or changed while the server was down, temp files of cut bakes)."""
+        current = {golden_path(self._layout, t) for t in templates}
+        for p in self._layout.golden.iterdir():
+            if p not in current:
+                log.info("deleting a golden snapshot no template uses: %s", p)
+                p.unlink(missing_ok=True)
 
     async def _run_setup(
         self, template: TemplateConfig, skills: tuple[tuple[Path, str], ...], dirs: SlotDirs

@@ -30,7 +30,6 @@ from common.ateapi import ateapi_pb2_grpc as pb_grpc
 from common.config import Config
 from common.routing import MAX_UDS_PATH, local_substrate_dir
 from local_substrate.control import Control
-from local_substrate.faults import Faults
 from local_substrate.isolation import isolation_report
 from local_substrate.layout import Layout
 from local_substrate.sandbox import compile_code, detect_level, write_etc
@@ -146,7 +145,7 @@ class LocalSubstrate:
         self.isolation = isolation_report(self.config, self.level, self.control.cgroups.mode)
         self.control.recover()
         self._server = grpc.aio.server(interceptors=[TokenAuth(read_or_make_token(self.layout.token))])
-        servicer = ControlServicer(self.control, Faults(self.config.local_substrate.faults))
+        servicer = ControlServicer(self.control, self.control.faults)
         pb_grpc.add_ControlServicer_to_server(servicer, self._server)  # type: ignore[no-untyped-call]
         host = self.listen.rpartition(":")[0] or "127.0.0.1"
         port = self._server.add_insecure_port(self.listen)

@@ -12,6 +12,7 @@ import grpc.aio
 
 from common.ateapi import ateapi_pb2 as pb
 from common.ateapi import ateapi_pb2_grpc as pb_grpc
+from common.substrate import DROPPED_FILES_KEY, encode_dropped
 from local_substrate.control import Control
 from local_substrate.errors import VERSION_CONFLICT, ControlError
 from local_substrate.faults import Faults
@@ -111,7 +112,10 @@ class ControlServicer(pb_grpc.ControlServicer):
     async def SuspendActor(self, request: Any, context: Any) -> Any:
         async def call() -> Any:
             ref = request.actor_ref
-            return pb.SuspendActorResponse(actor=actor_pb(await self._c.suspend(ref.atespace, ref.name)))
+            rec = await self._c.suspend(ref.atespace, ref.name)
+            if rec.dropped:
+                context.set_trailing_metadata(((DROPPED_FILES_KEY, encode_dropped(rec.dropped)),))
+            return pb.SuspendActorResponse(actor=actor_pb(rec))
 
         return await self._run("SuspendActor", context, call)
 

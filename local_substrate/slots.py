@@ -1,6 +1,6 @@
 """Worker slots: a fixed set of places where one actor's guest can run at a time.
 
-A slot owns host dirs (workspace/, state/, tmp/, root/ under `slots/<slot>/`, the socket dir
+A slot owns host dirs (workspace/, state/, tmp/, root/, trash/ under `slots/<slot>/`, the socket dir
 under `sock/<slot>/`) and a sandbox uid. `SlotPool.claim` hands out a free slot (the least
 recently used one, so consecutive resumes spread over slots) or None when all are busy.
 """
@@ -8,14 +8,19 @@ recently used one, so consecutive resumes spread over slots) or None when all ar
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import logging
 import os
-import shutil
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from local_substrate.layout import Layout
 from local_substrate.sandbox import SandboxProcess
+from local_substrate.trees import remove_tree
+
+log = logging.getLogger(__name__)
 
 #: Sandbox uids: each state dir gets its own block of UID_BLOCK uids from UID_FIRST on (so two
 #: local Substrates on one host never share a uid, hence an RLIMIT_NPROC budget); in a block,
@@ -57,13 +62,28 @@ class SlotDirs:
     def root(self) -> Path:
         return self.base / "root"
 
+    @property
+    def trash(self) -> Path:
+        return self.base / "trash"
+
     def reset(self) -> None:
-        """Empty every writable dir (the previous actor's files must not leak into the next)."""
+        """Empty every writable dir (the previous actor's files must not leak into the next).
+
+        Each dir is first renamed into the slot's trash, which nothing left in it can prevent,
+        so the slot starts clean even when deleting fails (see `prepare`)."""
+        self.trash.mkdir(parents=True, exist_ok=True)
         for d in (*(self.base / n for n in SLOT_DIRS), self.sock_dir):
-            shutil.rmtree(d, ignore_errors=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(d, self.trash / uuid.uuid4().hex)
         self.prepare()
 
     def prepare(self) -> None:
+        """Create the slot's dirs; delete its trash (at every reset, and at every server start)."""
+        try:
+            remove_tree(str(self.trash))
+        except OSError as err:
+            log.error("slot %s: cannot delete what an earlier actor left in %s (%s); trying again at "
+                      "its next reset", self.base.name, self.trash, err)  # fmt: skip
         self.root.mkdir(parents=True, exist_ok=True)
         for d in (self.workspace, self.state, self.tmp, self.sock_dir):
             d.mkdir(parents=True, exist_ok=True)

@@ -48,6 +48,9 @@ class ActorRecord:
     #: Path of the latest snapshot ("" = none yet).
     snapshot: str = ""
     selector: dict[str, str] = field(default_factory=dict)
+    #: Archive paths of the special files (FIFOs, sockets, devices) the latest snapshot left out:
+    #: reported on every suspend answer until the next snapshot.
+    dropped: tuple[str, ...] = ()
 
     def evolve(self, **changes: object) -> ActorRecord:
         """A copy with `changes` and the next version."""
@@ -60,27 +63,31 @@ CREATE TABLE IF NOT EXISTS actors (
     atespace TEXT NOT NULL, name TEXT NOT NULL, template_namespace TEXT NOT NULL,
     template_name TEXT NOT NULL, status INTEGER NOT NULL, version INTEGER NOT NULL,
     uid TEXT NOT NULL, slot TEXT NOT NULL, run_id TEXT NOT NULL, snapshot TEXT NOT NULL,
-    selector TEXT NOT NULL, PRIMARY KEY (atespace, name));
+    selector TEXT NOT NULL, dropped TEXT NOT NULL DEFAULT '[]', PRIMARY KEY (atespace, name));
 """
+#: Columns added after the first release, with their definitions (added to older files on open).
+_ADDED_COLUMNS = {"dropped": "TEXT NOT NULL DEFAULT '[]'"}
 _COLUMNS = (
     "atespace, name, template_namespace, template_name, status, version, uid, slot, run_id, snapshot, "
-    "selector"
+    "selector, dropped"
 )
+_PLACEHOLDERS = ",".join("?" * len(_COLUMNS.split(",")))
 
 
 def _row(r: ActorRecord) -> tuple[object, ...]:
     return (
         r.atespace, r.name, r.template_namespace, r.template_name, int(r.status), r.version,
-        r.uid, r.slot, r.run_id, r.snapshot, json.dumps(r.selector, sort_keys=True),
+        r.uid, r.slot, r.run_id, r.snapshot, json.dumps(r.selector, sort_keys=True), json.dumps(r.dropped),
     )  # fmt: skip
 
 
 def _record(row: tuple[object, ...]) -> ActorRecord:
-    a, n, tns, tn, st, v, uid, slot, run, snap, sel = row
+    a, n, tns, tn, st, v, uid, slot, run, snap, sel, dropped = row
     return ActorRecord(
         atespace=str(a), name=str(n), template_namespace=str(tns), template_name=str(tn),
         status=Status(int(str(st))), version=int(str(v)), uid=str(uid), slot=str(slot),
         run_id=str(run), snapshot=str(snap), selector=json.loads(str(sel)),
+        dropped=tuple(json.loads(str(dropped))),
     )  # fmt: skip
 
 
@@ -92,6 +99,10 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        present = {str(r[1]) for r in self._db.execute("PRAGMA table_info(actors)")}
+        for column, definition in _ADDED_COLUMNS.items():
+            if column not in present:
+                self._db.execute(f"ALTER TABLE actors ADD COLUMN {column} {definition}")
 
     def close(self) -> None:
         self._db.close()
@@ -131,14 +142,13 @@ class Store:
 
     def insert(self, record: ActorRecord) -> None:
         """Raises sqlite3.IntegrityError if the actor exists."""
-        self._db.execute(f"INSERT INTO actors({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)", _row(record))
+        self._db.execute(f"INSERT INTO actors({_COLUMNS}) VALUES ({_PLACEHOLDERS})", _row(record))
 
     def update(self, record: ActorRecord) -> ActorRecord:
         """Store `record` (made by `evolve`) if the stored version is the one before it."""
         values = _row(record)
         cur = self._db.execute(
-            f"UPDATE actors SET ({_COLUMNS}) = (?,?,?,?,?,?,?,?,?,?,?) "
-            "WHERE atespace=? AND name=? AND version=?",
+            f"UPDATE actors SET ({_COLUMNS}) = ({_PLACEHOLDERS}) WHERE atespace=? AND name=? AND version=?",
             (*values, record.atespace, record.name, record.version - 1),
         )
         if cur.rowcount != 1:

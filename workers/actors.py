@@ -143,6 +143,11 @@ class ActorKeeper:
         self.forget(session)
         return await self._bind(ctx, actor)
 
+    def incarnation(self, session: str) -> str:
+        """The incarnation (`pod_uid`, new at every resume) of the session's cached actor, or ""."""
+        cached = self._guests.get(session)
+        return cached.actor.pod_uid if cached is not None else ""
+
     def guest_answered(self, session: str) -> None:
         """A guest call succeeded: the actor runs, so the trust window starts again."""
         cached = self._guests.get(session)

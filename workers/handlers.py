@@ -17,13 +17,14 @@ from typing import Any, cast
 from common.capacity import FLEET_PARKS, SuspendedBy
 from common.config import Config
 from common.guest_client import ActorMismatch, GuestClient, GuestError, GuestUnavailable
-from common.guest_protocol import Limits
+from common.guest_protocol import SESSION_TOKEN_ENV, Limits
 from common.logs import log_context
 from common.metrics import GUEST_CALL_LATENCY, Children
 from common.queue import JobCancelled, JobContext, JobFailed, JobKind, RetryLater
-from common.secret_box import SEALED_ENV_KEY, SecretBox, SecretError
+from common.secret_box import SEALED_ENV_KEY, SecretBox, SecretError, load_key
 from common.tool_calls import ToolCall, render_result
 from workers.actors import ActorKeeper, problem
+from workers.session_identity import SessionIdentity
 
 log = logging.getLogger("atefleet.worker")
 
@@ -45,6 +46,7 @@ class JobHandlers:
             for env in config.environments
         }
         self._latency = Children(GUEST_CALL_LATENCY)
+        self.identity = SessionIdentity(config, actors.substrate, load_key(config.state_dir))
         self._table: dict[JobKind, Handler] = {
             JobKind.RESUME: self.resume,
             JobKind.SUSPEND: self.suspend,
@@ -171,6 +173,15 @@ class JobHandlers:
         except SecretError as err:
             raise JobFailed(problem(500, "secrets_unreadable", "Env variables unreadable", str(err))) from err
 
+    async def _session_token(self, ctx: JobContext) -> str:
+        """The session's identity token for its actor's current incarnation (see SessionIdentity)."""
+        async def owner() -> str:
+            return (await ctx.session()).get("own") or ctx.job.principal
+
+        job = ctx.job
+        return await self.identity.token(job.environment, job.session_id,
+                                         self.actors.incarnation(job.session), owner)
+
     async def _execute(self, ctx: JobContext, guest: GuestClient) -> dict[str, Any]:
         env = self.config.environment(ctx.job.environment)
         payload = ctx.job.payload
@@ -181,10 +192,12 @@ class JobHandlers:
         async def on_output(stream: str, data: str) -> None:
             await ctx.append_output(stream, data)
 
+        env_vars = await self._env_variables(ctx)
+        env_vars[SESSION_TOKEN_ENV] = await self._session_token(ctx)
         try:
             result, _ = await guest.run(
                 ctx.job.id, tool, dict(payload.get("arguments") or {}),
-                env=await self._env_variables(ctx), limits=limits,
+                env=env_vars, limits=limits,
                 skills_dir=env.skills_dir if env else None, on_output=on_output, cancelled=ctx.cancelled)
         except (GuestUnavailable, ActorMismatch) as err:
             raise GuestGone(str(err)) from err

@@ -216,6 +216,11 @@ def get_op(path: str, params: Mapping[str, Any] | None = None) -> Op[Any]:
     return Op(Request("GET", path, params=params), _identity)
 
 
+def audit_op(filters: Mapping[str, str], cursor: str, limit: int) -> Op[dict[str, Any]]:
+    params = {**{k: v for k, v in filters.items() if v}, "cursor": cursor or None, "limit": limit}
+    return Op(Request("GET", "/v1/audit", params=params), _raw)
+
+
 def tool_result(answer: Any) -> ToolResult:
     return ToolResult.model_validate(answer)
 

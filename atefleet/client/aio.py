@@ -84,6 +84,19 @@ class AsyncClient:
     async def get(self, path: str, **params: Any) -> Any:
         return await self._do(_api.get_op(path, params))
 
+    async def capacity(self) -> dict[str, Any]:
+        return dict(await self.get("/v1/capacity"))
+
+    async def audit(self, *, page_size: int = 100, **filters: str) -> AsyncIterator[dict[str, Any]]:
+        cursor = ""
+        while True:
+            page = await self._do(_api.audit_op(filters, cursor, page_size))
+            for record in page["records"]:
+                yield record
+            cursor = page.get("next_cursor") or ""
+            if not cursor or not page["records"]:
+                return
+
     # ---- sessions --------------------------------------------------------------------------
     def session(self, env: str, sid: str, *, auto_resume: bool = False,
                 env_variables: Mapping[str, str] | None = None) -> AsyncSession:

@@ -91,8 +91,22 @@ class Client:
                 return
 
     def get(self, path: str, **params: Any) -> Any:
-        """Any other GET route's JSON (e.g. `/v1/capacity`, `/v1/audit`)."""
+        """Any other GET route's JSON, as is."""
         return self._do(_api.get_op(path, params))
+
+    def capacity(self) -> dict[str, Any]:
+        """Substrate workers and sessions running / parked / waiting (`GET /v1/capacity`)."""
+        return dict(self.get("/v1/capacity"))
+
+    def audit(self, *, page_size: int = 100, **filters: str) -> Iterator[dict[str, Any]]:
+        """Audit records, oldest first (admin scope); filters: principal, session, since, until."""
+        cursor = ""
+        while True:
+            page = self._do(_api.audit_op(filters, cursor, page_size))
+            yield from page["records"]
+            cursor = page.get("next_cursor") or ""
+            if not cursor or not page["records"]:
+                return
 
     # ---- sessions --------------------------------------------------------------------------
     def session(self, env: str, sid: str, *, auto_resume: bool = False,

@@ -190,9 +190,9 @@ class Keys:
         return f"{self.prefix}sessions:{environment}"
 
     # -- fleet statistics (common/fleet_stats.py, folded from `events` by the reconciler) --------
-    def stats_second(self, unix_s: int) -> str:
-        """Hash, TTL'd: one second's counters (jobs by end state, latency histogram, drifts)."""
-        return f"{self.prefix}stats:s:{unix_s}"
+    def stats_bucket(self, start_s: int) -> str:
+        """Hash, TTL'd: counters of the 10 s from `start_s` (jobs by end state, latency histogram, drifts)."""
+        return f"{self.prefix}stats:s:{start_s}"
 
     @property
     def stats_cursor(self) -> str:

@@ -42,7 +42,7 @@ DONE_INLINE_MAX = 16_384
 SCRIPT_NAMES = (
     "enqueue", "take_work", "retire", "complete", "retry", "release", "renew", "append_output",
     "take_secrets", "update_session", "cancel", "record_webhook", "repair_leases", "notify_delayed",
-    "notify_orphans", "forget_workers", "forget_session",
+    "notify_orphans", "forget_workers", "forget_session", "replay_dlq",
 )
 
 
@@ -273,3 +273,8 @@ class QueueScripts:
     async def forget_session(self, environment: str, session_id: str) -> bool:
         session = f"{environment}/{session_id}"
         return int(await self._run("forget_session", [session, environment, session_id])) == 1
+
+    async def replay_dlq(self, entry_id: str, now_ms: int) -> tuple[str, str | None, str | None]:
+        """(outcome, job id, its state): 'queued' | 'missing' | 'expired' | 'not_failed'."""
+        raw = [_str(x) for x in await self._run("replay_dlq", [entry_id, now_ms])]
+        return raw[0], (raw[1] if len(raw) > 1 else None), (raw[2] if len(raw) > 2 else None)

@@ -15,7 +15,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 from guest.output import BoundedOutput
-from guest.spawn import ShellProcess, Sink, command_env, exit_status, stop_group
+from guest.spawn import ShellProcess, Sink, command_env, exit_status, expose_session_token, stop_group
 from guest.tools.base import (
     Result,
     ToolContext,
@@ -44,7 +44,9 @@ def _env(ctx: ToolContext, args: dict[str, Any], cwd: str) -> dict[str, str]:
         isinstance(k, str) and isinstance(v, str) for k, v in extra.items()
     ):
         raise ToolError("'env' must be an object of string values")
-    return command_env(ctx.paths.root, cwd, {**extra, **ctx.env})
+    env = command_env(ctx.paths.root, cwd, {**extra, **ctx.env})
+    expose_session_token(ctx.state_dir, env)
+    return env
 
 
 def _timeout(ctx: ToolContext, args: dict[str, Any]) -> float:

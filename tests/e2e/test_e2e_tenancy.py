@@ -13,7 +13,9 @@ import httpx
 import jwt
 import pytest
 
+from common.secret_box import load_key
 from tests.e2e.conftest import RunningFleet, base_config, free_port, start_fleet
+from workers.session_identity import local_signing_key
 
 KEY_ANN = "ak_ann_0123456789abcdef0123"
 KEY_BEN = "ak_ben_0123456789abcdef0123"
@@ -151,3 +153,21 @@ def test_every_cross_tenant_attempt_is_refused_and_audited(tenancy_fleet: Runnin
     # ... and the JSON lines file has the refusals too
     lines = [json.loads(x) for x in (tenancy_fleet.state_dir.parent / "audit.jsonl").read_text().splitlines()]
     assert len([x for x in lines if x["ev"] == "ownership_denied"]) == 18
+
+
+def test_each_resume_gives_the_session_a_signed_identity(tenancy_fleet: RunningFleet) -> None:
+    key = local_signing_key(load_key(tenancy_fleet.state_dir))
+    show = ('printf "%s\\n" "$ATEFLEET_SESSION_TOKEN"; cat "$ATEFLEET_SESSION_TOKEN_FILE"; echo; '
+            'ls -l "$ATEFLEET_SESSION_TOKEN_FILE"')
+    with tenancy_fleet.client(KEY_ANN) as ann, tenancy_fleet.client(_carol_token()) as carol:
+        tokens = []
+        for client, sid in ((ann, "ann-id"), (ann, "ann-id"), (carol, "carol-id")):
+            # auto_resume: each call resumes the actor (a new incarnation), then parks it again
+            out = client.post(f"/v1/environments/my-env/sessions/{sid}", json=_bash(show)).json()["output"]
+            env_token, file_token, listing = out.strip().splitlines()[:3]
+            assert env_token == file_token and listing.startswith("-rw-------")
+            tokens.append(jwt.decode(env_token, key, algorithms=["HS256"], audience="atefleet-session"))
+    (first, second, carols) = tokens
+    assert (first["sub"], first["principal"]) == ("my-env/ann-id", "key:ann")
+    assert second["sub"] == first["sub"] and second["jti"] != first["jti"]
+    assert (carols["sub"], carols["principal"]) == ("my-env/carol-id", "jwt:carol")

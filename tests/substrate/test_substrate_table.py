@@ -4,6 +4,7 @@ local_substrate over real gRPC."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import time
 
 import pytest
@@ -176,7 +177,7 @@ async def test_a_failed_suspend_is_finished_by_the_next_suspend_or_resume(
     assert control is not None
 
     def broken(*args: object) -> None:
-        raise OSError("disk full")
+        raise OSError(errno.ENOSPC, "disk full")
 
     # given a suspend that fails midway (the snapshot write), the actor stays SUSPENDING
     monkeypatch.setattr(control.snapshots, "write", broken)

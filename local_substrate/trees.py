@@ -1,0 +1,159 @@
+"""Walking and deleting trees a tenant wrote: iterative, relative to one open dir, never following links.
+
+Everything under a slot's dirs is the tenant's: trees deeper than PATH_MAX or the recursion limit,
+dirs and files of mode 000, names with any bytes, symlinks to anywhere, FIFOs and devices. So:
+
+- no recursion: an explicit stack of the names still to visit, one list per open level;
+- one dir fd at a time: every name is opened relative to its parent's fd (no path ever longer than
+  one name), and the walk climbs back with `..`. That is only sound on a tree nobody changes
+  meanwhile: callers walk slots whose sandbox is stopped;
+- never a symlink followed (`O_NOFOLLOW`, `follow_symlinks=False`), never a FIFO opened (the
+  caller looks at the lstat first);
+- an unreadable dir of our own uid (a non-root fleet: the tenant runs as the fleet's uid) gets its
+  owner bits back before it is opened; root needs no such help.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+#: Open flags for a dir we descend into.
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: Names listed per batch while deleting (a dir of millions of names never sits in memory at once).
+REMOVE_BATCH = 4096
+
+
+class TreeTooLarge(Exception):
+    """The tree has more entries than the caller allows."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One name met by `walk`; `dir_fd` (its parent) is only valid until the walk moves on."""
+
+    path: str
+    name: str
+    dir_fd: int
+    depth: int
+    st: os.stat_result
+
+
+def open_dir(name: str, dir_fd: int | None) -> int:
+    """Open a dir without following a link; give the owner rwx first if it refused us."""
+    try:
+        return os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+    except PermissionError:
+        own_access(name, dir_fd, 0o700)
+        return os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+
+
+def own_access(name: str, dir_fd: int | None, bits: int) -> None:
+    """Add owner permission `bits` to `name` (a dir or regular file, known from its lstat)."""
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
+        os.chmod(name, stat.S_IMODE(st.st_mode) | bits, dir_fd=dir_fd)
+
+
+def _names(fd: int, limit: int) -> list[str]:
+    """Up to `limit` names of the dir `fd` (reversed, so `pop()` visits them in listing order)."""
+    names: list[str] = []
+    with os.scandir(fd) as it:
+        for entry in it:
+            if len(names) >= limit:
+                break
+            names.append(entry.name)
+    names.reverse()
+    return names
+
+
+def climb(fd: int) -> int:
+    """The parent of the dir `fd` (which is closed)."""
+    parent = os.open("..", DIR_FLAGS, dir_fd=fd)
+    os.close(fd)
+    return parent
+
+
+def walk(root: str, max_entries: int) -> Iterator[Entry]:
+    """Every name under `root`, parents before children; TreeTooLarge past `max_entries`.
+
+    A dir's own entry comes first; the walk then descends into it. A caller that must not go
+    deeper raises instead of taking the next entry.
+    """
+    fd = open_dir(root, None)
+    stack = [_names(fd, max_entries + 1)]
+    prefix: list[str] = []
+    seen = 0
+    try:
+        while stack:
+            if not stack[-1]:
+                stack.pop()
+                if prefix:
+                    prefix.pop()
+                    fd = climb(fd)
+                continue
+            name = stack[-1].pop()
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            seen += 1
+            if seen > max_entries:
+                raise TreeTooLarge(f"more than {max_entries} files, dirs and links")
+            yield Entry("/".join((*prefix, name)), name, fd, len(prefix) + 1, st)
+            if stat.S_ISDIR(st.st_mode):
+                child = open_dir(name, fd)
+                os.close(fd)
+                fd = child
+                prefix.append(name)
+                stack.append(_names(fd, max_entries - seen + 1))
+    finally:
+        os.close(fd)
+
+
+def _writable_then(fd: int, remove: Callable[..., None], name: str) -> None:
+    """`remove(name, dir_fd=fd)`; if the dir `fd` refused it (no write bit), give its owner rwx once."""
+    try:
+        remove(name, dir_fd=fd)
+    except PermissionError:
+        os.fchmod(fd, 0o700)
+        remove(name, dir_fd=fd)
+
+
+def remove_tree(root: str) -> None:
+    """Delete `root` and everything in it, whatever its modes and depth (missing: nothing to do)."""
+    try:
+        fd = open_dir(root, None)
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:
+        os.unlink(root)
+        return
+    # Each level: (its name in its parent, names still to delete); "" for the root itself.
+    stack: list[tuple[str, list[str]]] = [("", _names(fd, REMOVE_BATCH))]
+    try:
+        while stack:
+            here, names = stack[-1]
+            if not names:
+                names.extend(_names(fd, REMOVE_BATCH))
+            if not names:
+                stack.pop()
+                if here:
+                    fd = climb(fd)
+                    _writable_then(fd, os.rmdir, here)
+                continue
+            name = names.pop()
+            try:
+                _writable_then(fd, os.unlink, name)
+            except IsADirectoryError:
+                child = open_dir(name, fd)
+                os.close(fd)
+                fd = child
+                stack.append((name, _names(fd, REMOVE_BATCH)))
+            except FileNotFoundError:
+                pass
+    finally:
+        os.close(fd)
+    os.rmdir(root)

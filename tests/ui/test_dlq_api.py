@@ -1,0 +1,72 @@
+"""`/v1/dlq…` through the real fleet: a job dead-lettered by capacity, listed, inspected, replayed
+(it then succeeds, same job id) and discarded; admins only; bad ids refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from tests.e2e.conftest import RunningFleet
+from tests.ui.conftest import KEY_TENANT, dead_letter, wait_for
+
+
+def _entry_of(client: httpx.Client, job_id: str) -> dict[str, Any] | None:
+    entries = client.get("/v1/dlq", params={"limit": 1000}).json()["entries"]
+    return next((e for e in entries if e["job_id"] == job_id), None)
+
+
+def test_a_dead_lettered_job_is_listed_inspected_and_replayed_to_success(
+        ui_fleet: RunningFleet, admin: httpx.Client) -> None:
+    # given a call that failed on its only attempt (Substrate did not answer)
+    failed = dead_letter(admin, ui_fleet, "dlq-victim", "echo replayed")
+    assert failed["state"] == "failed"
+    assert failed["error"]["type"].endswith("retries_exhausted")
+    entry = wait_for("the DLQ entry", lambda: _entry_of(admin, failed["id"]))
+    assert entry["session"] == "dlq-victim" and entry["attempts"] == 1
+    shown = admin.get(f"/v1/dlq/{entry['id']}").json()
+    assert shown["job"]["id"] == failed["id"] and shown["job"]["state"] == "failed"
+
+    # when the entry is replayed (Substrate answers again)
+    replayed = admin.post(f"/v1/dlq/{entry['id']}/replay")
+
+    # then the same job runs again and succeeds, and the entry is gone
+    assert replayed.status_code == 202, replayed.text
+    assert replayed.json()["id"] == failed["id"]
+    done = admin.get(f"/v1/jobs/{failed['id']}", params={"wait": 60}).json()
+    assert done["state"] == "succeeded", done
+    assert "replayed" in done["result"]["output"]
+    assert admin.get(f"/v1/dlq/{entry['id']}").status_code == 404
+    again = admin.post(f"/v1/dlq/{entry['id']}/replay")
+    assert again.status_code == 404 and again.headers["content-type"] == "application/problem+json"
+
+
+def test_discard_drops_the_entry_and_keeps_the_failed_job(
+        ui_fleet: RunningFleet, admin: httpx.Client) -> None:
+    failed = dead_letter(admin, ui_fleet, "dlq-victim2", "echo never")
+    entry = wait_for("the DLQ entry", lambda: _entry_of(admin, failed["id"]))
+
+    assert admin.delete(f"/v1/dlq/{entry['id']}").status_code == 204
+
+    assert admin.get(f"/v1/dlq/{entry['id']}").status_code == 404
+    assert admin.delete(f"/v1/dlq/{entry['id']}").status_code == 404
+    assert admin.get(f"/v1/jobs/{failed['id']}").json()["state"] == "failed"
+
+
+def test_only_admins_reach_the_dlq(ui_fleet: RunningFleet) -> None:
+    with ui_fleet.client(KEY_TENANT) as tenant, ui_fleet.client() as nobody:
+        for method, path in [("GET", "/v1/dlq"), ("GET", "/v1/dlq/1-0"), ("POST", "/v1/dlq/1-0/replay"),
+                             ("DELETE", "/v1/dlq/1-0")]:
+            assert tenant.request(method, path).status_code == 403, path
+            assert nobody.request(method, path).status_code == 401, path
+
+
+def test_malformed_entry_ids_and_cursors_are_refused(admin: httpx.Client) -> None:
+    for bad in ["abc", "1-", "-1", "1-0-0", "9" * 60 + "-0", "$", "+", "1-0 OR 1"]:
+        for method, path in [("GET", f"/v1/dlq/{bad}"), ("POST", f"/v1/dlq/{bad}/replay"),
+                             ("DELETE", f"/v1/dlq/{bad}")]:
+            answer = admin.request(method, path)
+            assert answer.status_code in (400, 404), (bad, method, answer.status_code)
+            assert answer.headers["content-type"] == "application/problem+json"
+        assert admin.get("/v1/dlq", params={"cursor": bad}).status_code == 400
+    assert admin.get("/v1/dlq", params={"limit": 0}).status_code == 422
