@@ -1,0 +1,122 @@
+"""Sessions beyond the slots while the worker is SIGKILLed with a pressure park in flight: no
+file lost, every session still answers, and no slot stays held."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import RunningFleet, base_config, free_port, start_fleet
+
+SLOTS = 2
+#: Suspends take this long (fault injection), so the test can kill the worker mid-park.
+SUSPEND_MS = 2000
+
+
+@pytest.fixture(scope="module")
+def slow_park_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningFleet]:
+    tmp = tmp_path_factory.mktemp("park-chaos")
+    cfg = base_config(tmp, free_port())
+    cfg["local_substrate"]["slots"] = SLOTS
+    cfg["local_substrate"]["faults"] = {"latency_ms": {"SuspendActor": SUSPEND_MS}}
+    cfg["workers"] = {"processes": 1, "lease_ttl_s": 3}
+    running = start_fleet(tmp, cfg)
+    yield running
+    running.stop()
+
+
+def _call(name: str, **arguments: Any) -> dict[str, Any]:
+    return {"call_id": "c", "type": "function_call",
+            "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+
+def _base(sid: str) -> str:
+    return f"/v1/environments/my-env/sessions/{sid}"
+
+
+def _worker_pids(up_pid: int) -> list[int]:
+    """The `atefleet worker` children of `atefleet up`."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == up_pid and b"worker" in argv:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _resume(fleet: RunningFleet, sid: str) -> httpx.Response:
+    with fleet.client() as c:
+        return c.post(f"{_base(sid)}/resume")
+
+
+def _wait(cond: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_worker_killed_mid_park_loses_nothing_and_holds_no_slot(slow_park_fleet: RunningFleet) -> None:
+    fleet = slow_park_fleet
+    sids = [f"pk-{uuid.uuid4().hex[:8]}-{i}" for i in range(SLOTS + 1)]
+    with fleet.client() as c:
+        # given every slot taken by a session that wrote a file
+        for sid in sids[:SLOTS]:
+            assert c.post(f"{_base(sid)}/resume").status_code == 200
+            r = c.post(_base(sid), json=_call("write_file", path="keep.txt", content=sid))
+            assert r.status_code == 200, r.text
+
+        # when one more session resumes, a pressure park starts (once one of them has been idle for
+        # workers.min_idle_s), and the worker is SIGKILLed mid-park
+        with ThreadPoolExecutor(1) as pool:
+            late = pool.submit(_resume, fleet, sids[-1])
+
+            def parking() -> bool:
+                return any(c.get(_base(s)).json()["state"] == "suspending" for s in sids[:SLOTS])
+
+            _wait(parking, 30, "a pressure park in flight")
+            workers = _worker_pids(fleet.process.pid)
+            assert workers, "no worker process found"
+            for pid in workers:
+                os.kill(pid, signal.SIGKILL)
+            # then the resume that asked for the park still gets its slot (after the worker's restart)
+            r = late.result(timeout=120)
+        assert r.status_code == 200, r.text
+        # and every session answers its next call with its file, the parked one woken by the call
+        for sid in sids[:SLOTS]:
+            r = c.post(_base(sid), json=_call("read_file", path="keep.txt"))
+            assert r.status_code == 200 and sid in r.json()["output"], r.text
+        # and once the client suspends them all, no slot is held
+        for sid in sids:
+            assert c.post(f"{_base(sid)}/suspend").status_code == 200
+
+        def no_slot_held() -> bool:
+            return c.get("/v1/capacity").json()["workers"]["busy"] == 0
+
+        _wait(no_slot_held, 30, "every slot to be free")
+        assert {c.get(_base(s)).json()["suspended_by"] for s in sids} == {"client"}
+
+
+def test_killed_worker_restarts(slow_park_fleet: RunningFleet) -> None:
+    # (after the kill above) the fleet still takes calls: the supervisor restarted the worker
+    with slow_park_fleet.client() as c:
+        sid = f"pk-{uuid.uuid4().hex[:8]}"
+        r = c.post(_base(sid), json={**_call("bash", command="echo ok"), "auto_resume": True})
+        assert r.status_code == 200 and r.json()["output"].strip() == "ok", r.text
