@@ -237,8 +237,12 @@ class AsyncSession(ToolMethods[Awaitable[ToolResult]]):
         answer = await self.client.run(self.env, self.sid, self.body(request_body(raw, shape)))
         return result_item(answer, raw, shape)
 
-    async def submit(self, name: str, arguments: dict[str, Any]) -> Job:
-        return await self.client.submit(self.env, self.sid, self.body(_api.tool_item(name, arguments)))
+    async def submit(self, name: str, arguments: dict[str, Any], *, callback_url: str | None = None,
+                     callback_secret_id: str | None = None) -> Job:
+        body = _api.envelope(_api.tool_item(name, arguments), auto_resume=self.auto_resume,
+                             env_variables=self.env_variables, callback_url=callback_url,
+                             callback_secret_id=callback_secret_id)
+        return await self.client.submit(self.env, self.sid, body)
 
     async def exec(self, command: str, **arguments: Any) -> AsyncIterator[OutputChunk | Job]:
         async for event in self.client.stream(await self.submit("bash", {"command": command, **arguments})):

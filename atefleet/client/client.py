@@ -233,9 +233,14 @@ class Session(ToolMethods[ToolResult]):
         answer = self.client.run(self.env, self.sid, self.body(request_body(raw, shape)))
         return result_item(answer, raw, shape)
 
-    def submit(self, name: str, arguments: dict[str, Any]) -> Job:
-        """Enqueue a tool call and answer with its job at once."""
-        return self.client.submit(self.env, self.sid, self.body(_api.tool_item(name, arguments)))
+    def submit(self, name: str, arguments: dict[str, Any], *, callback_url: str | None = None,
+               callback_secret_id: str | None = None) -> Job:
+        """Enqueue a tool call and answer with its job at once; `callback_url` gets a signed
+        webhook when it ends (`callback_secret_id` names the fleet's signing secret)."""
+        body = _api.envelope(_api.tool_item(name, arguments), auto_resume=self.auto_resume,
+                             env_variables=self.env_variables, callback_url=callback_url,
+                             callback_secret_id=callback_secret_id)
+        return self.client.submit(self.env, self.sid, body)
 
     def exec(self, command: str, **arguments: Any) -> Iterator[OutputChunk | Job]:
         """Run a shell command as a job and stream its output, then the finished job."""

@@ -20,11 +20,16 @@ Handler = Callable[[Event], Awaitable[None] | None]
 MAX_BODY_BYTES = 16 << 20
 
 
-def asgi_webhook_app(secret: str, handler: Handler) -> Callable[..., Awaitable[None]]:
-    """An ASGI app answering POSTs: 204 after `handler(event)`, 400 if the signature fails."""
+class AsgiWebhookApp:
+    """An ASGI app answering POSTs: 204 after `handler(event)`, 400 if the signature fails.
 
-    async def app(scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
-                  send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+    A class, not a function, so routers (Starlette's `Route`) take it as an ASGI app."""
+
+    def __init__(self, secret: str, handler: Handler) -> None:
+        self.secret, self.handler = secret, handler
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
+                       send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
         if scope["type"] != "http":
             return
         body, more = b"", True
@@ -33,11 +38,14 @@ def asgi_webhook_app(secret: str, handler: Handler) -> Callable[..., Awaitable[N
             body += message.get("body", b"")
             more = message.get("more_body", False)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        status = 405 if scope["method"] != "POST" else await _handle(secret, handler, headers, body)
+        status = 405 if scope["method"] != "POST" else await _handle(self.secret, self.handler, headers, body)
         await send({"type": "http.response.start", "status": status, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
-    return app
+
+def asgi_webhook_app(secret: str, handler: Handler) -> AsgiWebhookApp:
+    """The ASGI receiver: mount or route it in any ASGI framework."""
+    return AsgiWebhookApp(secret, handler)
 
 
 async def _handle(secret: str, handler: Handler, headers: dict[str, str], body: bytes) -> int:
