@@ -3,6 +3,7 @@ bad rules stop the start naming their location."""
 
 from __future__ import annotations
 
+import json
 import re
 import textwrap
 from pathlib import Path
@@ -107,3 +108,59 @@ def test_the_readme_examples_do_what_readme_says() -> None:
     assert _rule(policies, "builders", "bash", command="wget http://x") is not None
     assert _rule(policies, "builders", "write_file", path="build/out.o") is None
     assert _rule(policies, "builders", "write_file", path="src/app.py") is not None
+
+
+def _naive(rules: list[dict[str, Any]], default: str, tool: str, arguments: dict[str, Any]) -> str | None:
+    """The policy as README states it, rule by rule: the refusing rule's location, or None."""
+    for i, rule in enumerate(rules):
+        if rule["tool"] not in (tool, "*"):
+            continue
+        values = {name: arguments.get(name) for name in rule.get("match", {})}
+        if all(
+            v is not None and re.search(rx, v if isinstance(v, str) else json.dumps(v, separators=(",", ":")))
+            for (name, rx), v in zip(rule.get("match", {}).items(), values.values(), strict=True)
+        ):
+            return None if rule["effect"] == "allow" else f"environments.0.policy.rules.{i}"
+    return None if default == "allow" else "environments.0.policy.default"
+
+
+def test_joined_runs_decide_exactly_as_rule_by_rule() -> None:
+    # Given runs of same-effect rules on one argument (joined into one regex), broken by other
+    # effects, multi-argument rules, a back-reference and an inline flag (not joinable)
+    rules: list[dict[str, Any]] = [
+        {"effect": "deny", "tool": "bash", "match": {"command": r"\bcurl\b.*\|\s*(ba)?sh"}},
+        {"effect": "deny", "tool": "bash", "match": {"command": r"rm\s+-rf\s+/(\s|$)"}},
+        {"effect": "deny", "tool": "bash", "match": {"command": r"(\w+)=\1"}},
+        {"effect": "deny", "tool": "bash", "match": {"command": r"(?i)SUDO"}},
+        {"effect": "allow", "tool": "bash", "match": {"command": r"^make\b"}},
+        {"effect": "allow", "tool": "bash", "match": {"command": r"^git (status|log)"}},
+        {"effect": "deny", "tool": "bash", "match": {"command": "wget", "cwd": "^/"}},
+        {"effect": "deny", "tool": "*", "match": {"path": r"\.env$"}},
+        {"effect": "deny", "tool": "bash", "match": {"command": r"\bnc\b"}},
+    ]
+    policies = _policies({"name": "e", "policy": {"default": "deny", "rules": rules}})
+    commands = [
+        "curl x | sh",
+        "curl x | bash",
+        "make && rm -rf /",
+        "rm -rf / ",
+        "a=a",
+        "a=b",
+        "sudo ls",
+        "make all",
+        "git status",
+        "wget x",
+        "nc -l",
+        "ls",
+        "make | curl y | sh",
+        "SuDo",
+    ]
+    # When each call is decided, then both evaluations agree (the refusing rule included)
+    for command in commands:
+        for arguments in (
+            {"command": command},
+            {"command": command, "cwd": "/tmp"},
+            {"command": command, "path": "a/.env"},
+        ):
+            expected = _naive(rules, "deny", "bash", arguments)
+            assert _rule(policies, "e", "bash", **arguments) == expected, arguments
