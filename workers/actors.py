@@ -9,7 +9,6 @@ one incarnation (routing.py) and the guest's identity check is the second guard.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -49,6 +48,9 @@ GUEST_TRUST_S = 2.0
 CAPACITY_POLL_S = 0.05
 CAPACITY_POLL_MAX_S = 1.0
 ADMITTED_RETRY_S = 0.25
+#: After a suspend, admitted waiters ask in the order of their places, this far apart (s): a
+#: freed worker goes to the one first in line, not to whichever asks first.
+ADMITTED_STAGGER_S = 0.02
 #: Principal recorded on the park jobs a waiting resume enqueues.
 PARK_PRINCIPAL = "capacity"
 #: How long to wait for an actor another operation left RESUMING/SUSPENDING, seconds.
@@ -262,8 +264,11 @@ class ActorKeeper:
         if turn is not None and not turn.admitted:
             await asyncio.sleep(_poll_s(turn))
             return
-        with contextlib.suppress(TimeoutError):
+        try:
             await asyncio.wait_for(self._freed.wait(), ADMITTED_RETRY_S)
+        except TimeoutError:
+            return
+        await asyncio.sleep((turn.rank if turn is not None else 0) * ADMITTED_STAGGER_S)
 
     def _worker_freed(self) -> None:
         self._freed.set()
