@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 
 def tenancy_of(principal: Principal, environment: Environment) -> Tenancy:
     """What enqueue checks for this principal's jobs in this environment."""
-    return Tenancy.ANY if principal.admin or environment.shared else Tenancy.OWN
+    if principal.admin:
+        return Tenancy.ADMIN
+    return Tenancy.SHARED if environment.shared else Tenancy.OWN
 
 
 def may_see_session(principal: Principal, environment: Environment, owner: str | None) -> bool:

@@ -33,6 +33,7 @@ async def read_audit(
     caller.check_admin()
     if cursor and not _CURSOR.fullmatch(cursor):
         raise BadRequest("`cursor` must be the `next_cursor` of a previous page", field="cursor")
+    await fleet.audit.record("admin", caller.id, op="audit_read", why=principal or session)
     records, next_cursor = await fleet.audit.read(
         principal=principal, session=session, since_ms=_time_ms(since, "since"),
         until_ms=_time_ms(until, "until"), cursor=cursor, limit=limit)

@@ -145,8 +145,11 @@ class Tenancy(StrEnum):
     INTERNAL = ""
     #: The session must be the principal's or nobody's (then it becomes the principal's).
     OWN = "own"
-    #: An admin, or a shared environment: any session (a new one still gets its first owner).
-    ANY = "any"
+    #: An admin: any session (a new one still gets its first owner); acting in another
+    #: principal's session is audited as `admin`.
+    ADMIN = "admin"
+    #: A shared environment: any session (a new one still gets its first owner).
+    SHARED = "shared"
 
 
 @dataclass(frozen=True)

@@ -183,7 +183,7 @@ async def test_admin_acts_on_any_session_and_shared_environments_are_shared(api:
     calls = await _audit(root, session="a2")
     assert [(x["ev"], x["pr"], x["op"]) for x in calls] == [
         ("call", "key:alice", "bash"),
-        ("call", "key:root", "bash"),
+        ("admin", "key:root", "bash"),
     ]
     assert all(len(x["digest"]) == 40 for x in calls)
 

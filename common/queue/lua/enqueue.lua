@@ -7,7 +7,8 @@
 --   +1 jid  +2 session "env/sid"  +3 environment  +4 sid  +5 kind  +6 payload json  +7 principal
 --   +8 callback_url or ""  +9 callback_secret_id or ""  +10 idempotency key or ""
 --   +11 fingerprint  +12 tenancy: "" (a fleet-internal job: no checks, no owner), "own" (the
---   session must be the principal's or nobody's) or "any" (admin, shared environment)
+--   session must be the principal's or nobody's), "admin" or "shared" (any session; an admin's
+--   job in another principal's session is audited as `admin`)
 --   +13 what the audit record names (tool or lifecycle op)
 -- then N values, one per job: its secrets json or "" (ARGV[7 + 13*N + i]).
 -- Returns {'ok', jid1, created1, jid2, created2, ...}  (created = 1 new, 0 idempotent replay)
@@ -66,7 +67,7 @@ end
 
 -- Phase 2: tenancy (owner and quotas) of the new jobs, before writing anything, so a refusal
 -- refuses the whole batch. `claims` = sessions this batch will give their first owner.
-local claims = {}
+local claims, others = {}, {}
 local claimed, added, fresh = 0, {}, 0
 for i = 1, n do
   local b = 7 + W * (i - 1)
@@ -75,7 +76,10 @@ for i = 1, n do
     local session, principal = ARGV[b + 2], ARGV[b + 7]
     if not claims[session] then
       local owner = redis.call('HGET', sess_key(session), 'own')
-      if owner and owner ~= principal and tenancy ~= 'any' then return {'denied', i} end
+      if owner and owner ~= principal then
+        if tenancy == 'own' then return {'denied', i} end
+        others[session] = true
+      end
       if not owner then
         claims[session] = principal
         claimed = claimed + 1
@@ -133,7 +137,8 @@ for i = 1, n do
       end
       if max_jobs > 0 then redis.call('ZADD', pjobs_key(principal), now, jid) end
       if audit_maxlen > 0 then
-        redis.call('XADD', K_AUDIT, 'MAXLEN', '~', audit_maxlen, '*', 'ev', 'call', 'pr', principal,
+        local ev = (ARGV[b + 12] == 'admin' and others[session]) and 'admin' or 'call'
+        redis.call('XADD', K_AUDIT, 'MAXLEN', '~', audit_maxlen, '*', 'ev', ev, 'pr', principal,
           'env', ARGV[b + 3], 'sid', ARGV[b + 4], 'op', ARGV[b + 13], 'job', jid,
           'digest', redis.sha1hex(ARGV[b + 6]))
       end
