@@ -1,0 +1,277 @@
+"""Soak benchmark: the whole fleet at a steady load, for memory and disk that stay bounded.
+
+Starts `atefleet --config CFG up` (as bench/e2e.py does: shipped worker defaults) with retention
+shortened in the shipped proportions, so steady state comes within the run: `jobs.ttl_s` = a fifth
+of the run, `events_ttl_s` = ttl/24 and `output_ttl_s` = ttl/144 (as 1 h and 10 min are to 24 h),
+idempotency keys and audit records kept as long as job records, GC every ttl/10. Then, for
+`--minutes`, `--sessions` sessions send sync `echo` calls back to back and as many others submit
+async ones (`Prefer: respond-async`) and long-poll each (`?wait=30`), one connection each (as the
+issue's orchestrator did). Every 2 s it samples Redis's `used_memory`, each role's RSS, the AOF's
+size and the state dir's disk use.
+
+Figures: `soak_calls`, `soak_errors`, `soak_calls_per_s`; `redis_bytes_per_finished_call` = Redis
+memory over the unloaded start / finished job records held at the end (each record's share of
+everything the calls keep: record, folded output, events, audit, the UI's indexes) and
+`queue_bytes_per_finished_call`, the queue's own part of it (a record's `MEMORY USAGE`, sampled,
+plus the `events` stream and output streams shared out); `redis_used_mb_start/end`;
+`redis_slope_mb_per_min` and `rss_slope_mb_per_min` (per role) by least squares over the run's
+last half, with `*_slope_ci_mb_per_min` the 95% half-width from the fit's residuals (sampling
+noise: allocator and AOF buffers, GC passes); a slope counts as flat (`*_flat`) when it lies within
+that band or moves the level by less than 1% over the half. `aof_mb_end`, `disk_mb_end`.
+
+    .venv/bin/python bench/soak.py [--minutes 10] [--sessions 3]
+
+The last line is one JSON object of figures.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# bench/queue.py is named like the stdlib `queue` (which asyncio imports): keep bench/ off the
+# path, and put the repo root first so `common`, `tests` and `bench.e2e` import.
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
+sys.path.insert(0, str(REPO))
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from typing import Any  # noqa: E402
+
+import redis.asyncio as aioredis  # noqa: E402
+
+from bench.e2e import Conn, fleet_children, fleet_config, load_average, rss_mb, session_path, tool_call  # noqa: E402
+from tests.e2e.conftest import RunningFleet, start_fleet  # noqa: E402
+
+#: Issue 20's targets, printed next to the figures.
+TARGET_BYTES_PER_CALL = 500
+SAMPLE_EVERY_S = 2.0
+ASYNC = {"Prefer": "respond-async"}
+
+
+def soak_config(tmp: Path, run_s: float) -> dict[str, Any]:
+    ttl_s = run_s / 5
+    cfg = fleet_config(tmp, slots=16)
+    cfg["jobs"] = {**cfg.get("jobs", {}), "ttl_s": ttl_s, "events_ttl_s": ttl_s / 24,
+                   "output_ttl_s": max(1.0, ttl_s / 144), "idempotency_ttl_s": ttl_s}
+    cfg["audit"] = {"max_age_s": ttl_s, "trim_period_s": max(1.0, ttl_s / 10)}
+    cfg["reconciler"] = {**cfg.get("reconciler", {}), "gc_period_s": max(1.0, ttl_s / 10)}
+    for env in cfg["environments"]:
+        env["idle_timeout_s"] = 0  # the sessions are busy; nothing to park
+    return cfg
+
+
+def echo(n: int) -> dict[str, Any]:
+    return tool_call("bash", {"command": f"echo {n}"})
+
+
+def fleet_redis(fleet: RunningFleet) -> aioredis.Redis:
+    d = fleet.state_dir / "redis"
+    return aioredis.Redis(host="127.0.0.1", port=int((d / "port").read_text()),
+                          password=(d / "password").read_text().strip())
+
+
+def disk_mb(path: Path) -> float:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total / 1e6
+
+
+class Counts:
+    def __init__(self) -> None:
+        self.calls = 0
+        self.errors = 0
+        self.first_errors: list[str] = []
+
+    def error(self, what: str) -> None:
+        self.errors += 1
+        if len(self.first_errors) < 5:
+            self.first_errors.append(what[:300])
+
+
+async def sync_loop(fleet: RunningFleet, sid: str, until: float, counts: Counts) -> None:
+    conn = await Conn.tcp(fleet.url)
+    n = 0
+    while time.monotonic() < until:
+        try:
+            status, answer = await conn.request("POST", session_path(sid), echo(n))
+            if status != 200 or answer.get("output") != f"{n}\n":
+                counts.error(f"sync {status} {answer}")
+            counts.calls += 1
+        except (OSError, asyncio.IncompleteReadError, ValueError) as err:
+            counts.error(f"sync {err!r}")
+            conn = await Conn.tcp(fleet.url)
+        n += 1
+    await conn.close()
+
+
+async def async_loop(fleet: RunningFleet, sid: str, until: float, counts: Counts) -> None:
+    conn = await Conn.tcp(fleet.url)
+    n = 0
+    while time.monotonic() < until:
+        try:
+            status, job = await conn.request("POST", session_path(sid), echo(n), headers=ASYNC)
+            if status != 202:
+                counts.error(f"submit {status} {job}")
+            else:
+                status, done = await conn.request("GET", f"/v1/jobs/{job['id']}?wait=30")
+                result = (done or {}).get("result") or {}
+                if status != 200 or done["state"] != "succeeded" or result.get("output") != f"{n}\n":
+                    counts.error(f"poll {status} {done}")
+            counts.calls += 1
+        except (OSError, asyncio.IncompleteReadError, ValueError) as err:
+            counts.error(f"async {err!r}")
+            conn = await Conn.tcp(fleet.url)
+        n += 1
+    await conn.close()
+
+
+def slope_per_min(samples: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares slope (units/min) of (t_s, value) and the 95% half-width of its estimate."""
+    n = len(samples)
+    if n < 3:
+        return 0.0, math.inf
+    mt = sum(t for t, _ in samples) / n
+    mv = sum(v for _, v in samples) / n
+    sxx = sum((t - mt) ** 2 for t, _ in samples)
+    slope = sum((t - mt) * (v - mv) for t, v in samples) / sxx
+    residual = sum((v - mv - slope * (t - mt)) ** 2 for t, v in samples) / (n - 2)
+    return slope * 60, 1.96 * math.sqrt(residual / sxx) * 60
+
+
+def flat(samples: list[tuple[float, float]], slope: float, ci: float) -> bool:
+    """Within noise: the slope's band includes 0, or it moves the level < 1% over the samples."""
+    span_min = (samples[-1][0] - samples[0][0]) / 60
+    level = sum(v for _, v in samples) / len(samples)
+    return abs(slope) <= ci or abs(slope) * span_min < 0.01 * level
+
+
+async def sample(fleet: RunningFleet, r: aioredis.Redis, t0: float) -> dict[str, Any]:
+    by_role: dict[str, float] = {}
+    for pid, role in fleet_children(fleet.process.pid).items():
+        try:
+            by_role[role] = by_role.get(role, 0.0) + rss_mb(pid)
+        except (OSError, StopIteration):
+            pass
+    aof = fleet.state_dir / "redis" / "appendonly.aof"
+    return {"t": time.monotonic() - t0, "used": int((await r.info("memory"))["used_memory"]),
+            "rss": by_role, "aof": aof.stat().st_size if aof.exists() else 0}
+
+
+async def count_keys(r: aioredis.Redis, pattern: str) -> int:
+    return sum([1 async for _ in r.scan_iter(match=pattern, count=5000)])
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    run_s = args.minutes * 60
+    tmp = Path(tempfile.mkdtemp(prefix="af-soak-"))
+    fleet = start_fleet(tmp, soak_config(tmp, run_s))
+    r = fleet_redis(fleet)
+    try:
+        print(f"load average at start: {load_average()}", flush=True)
+        sids = [f"soak-{i}" for i in range(2 * args.sessions)]
+        for sid in sids:
+            conn = await Conn.tcp(fleet.url)
+            status, body = await conn.request("POST", f"{session_path(sid)}/resume")
+            await conn.close()
+            if status != 200:
+                raise RuntimeError(f"resume {sid}: {status} {body}")
+        used_start = int((await r.info("memory"))["used_memory"])
+        counts = Counts()
+        t0 = time.monotonic()
+        until = t0 + run_s
+        loops = [asyncio.create_task(sync_loop(fleet, s, until, counts)) for s in sids[: args.sessions]]
+        loops += [asyncio.create_task(async_loop(fleet, s, until, counts)) for s in sids[args.sessions:]]
+        samples = []
+        while time.monotonic() < until:
+            samples.append(await sample(fleet, r, t0))
+            s = samples[-1]
+            rss = {k: round(v) for k, v in sorted(s["rss"].items())}
+            print(f"t={s['t']:6.1f}s calls={counts.calls} errors={counts.errors} "
+                  f"redis={s['used'] / 1e6:.1f} MB rss={rss}", flush=True)
+            await asyncio.sleep(SAMPLE_EVERY_S)
+        await asyncio.gather(*loops)
+        elapsed = time.monotonic() - t0
+        samples.append(await sample(fleet, r, t0))
+        jobs_held = await count_keys(r, "af:job:*")
+        used_end = samples[-1]["used"]
+        job_keys = [k async for k in r.scan_iter(match="af:job:*", count=1000)][:200]
+        job_key = job_keys[0] if job_keys else None
+        record_bytes = sum([await r.memory_usage(k) or 0 for k in job_keys]) / max(len(job_keys), 1)
+        streams_bytes = sum([await r.memory_usage(k) or 0 async for k in r.scan_iter(match="af:out:*")])
+        events_bytes = await r.memory_usage("af:events") or 0
+        breakdown = {
+            # The queue's own share: records (sampled), events and output streams, per record held.
+            "queue_bytes_per_finished_call":
+                round(record_bytes + (events_bytes + streams_bytes) / max(jobs_held, 1)),
+            "job_record_bytes": round(record_bytes),
+            "job_record_fields": {k.decode(): len(v) for k, v in (await r.hgetall(job_key)).items()}
+            if job_key else None,
+            "events_entries": await r.xlen("af:events"),
+            "events_bytes": events_bytes,
+            "audit_bytes": await r.memory_usage("af:audit"),
+            "output_streams": await count_keys(r, "af:out:*"),
+            "keys": await r.dbsize(),
+        }
+    finally:
+        await r.aclose()
+        fleet.stop()
+    half = [s for s in samples if s["t"] >= run_s / 2]
+    redis_series = [(s["t"], s["used"] / 1e6) for s in half]
+    redis_slope, redis_ci = slope_per_min(redis_series)
+    rss_slopes, rss_ci, rss_flat = {}, {}, {}
+    for role in sorted({k for s in half for k in s["rss"]}):
+        series = [(s["t"], s["rss"][role]) for s in half if role in s["rss"]]
+        rss_slopes[role], rss_ci[role] = (round(x, 3) for x in slope_per_min(series))
+        rss_flat[role] = flat(series, rss_slopes[role], rss_ci[role])
+    figures = {
+        "soak_minutes": args.minutes,
+        "soak_calls": counts.calls,
+        "soak_errors": counts.errors,
+        "soak_calls_per_s": round(counts.calls / elapsed, 1),
+        "redis_bytes_per_finished_call": round((used_end - used_start) / max(jobs_held, 1)),
+        "finished_records_held": jobs_held,
+        "redis_used_mb_start": round(used_start / 1e6, 2),
+        "redis_used_mb_end": round(used_end / 1e6, 2),
+        "redis_slope_mb_per_min": round(redis_slope, 3),
+        "redis_slope_ci_mb_per_min": round(redis_ci, 3),
+        "redis_flat": flat(redis_series, redis_slope, redis_ci),
+        "rss_slope_mb_per_min": rss_slopes,
+        "rss_slope_ci_mb_per_min": rss_ci,
+        "rss_flat": rss_flat,
+        "aof_mb_end": round(samples[-1]["aof"] / 1e6, 2),
+        "disk_mb_end": round(disk_mb(tmp), 1),
+        **breakdown,
+        "target_bytes_per_call": TARGET_BYTES_PER_CALL,
+        "load_average_end": load_average(),
+    }
+    shutil.rmtree(tmp, ignore_errors=True)
+    if counts.first_errors:
+        print("first errors:", *counts.first_errors, sep="\n  ")
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--sessions", type=int, default=3, help="sync sessions; as many async ones")
+    figures = asyncio.run(run(parser.parse_args()))
+    for key, value in figures.items():
+        print(f"{key}: {value}")
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
