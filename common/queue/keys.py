@@ -137,15 +137,18 @@ class Keys:
 
     # -- per job ---------------------------------------------------------------------------------
     def job(self, job_id: str) -> str:
-        """Hash: the job record; TTL once terminal."""
+        """Hash: the job record; TTL once terminal (compacted then: payload dropped, small output
+        folded in as `o`)."""
         return f"{self.prefix}job:{job_id}"
 
     def output(self, job_id: str) -> str:
-        """Stream, capped: output chunks and a final end marker."""
+        """Stream, capped: output chunks and a final end marker, for output that outlasts the
+        worker's hold (`jobs.output_hold_s`); TTL `jobs.output_ttl_s` once the job ends."""
         return f"{self.prefix}out:{job_id}"
 
     def secrets(self, job_id: str) -> str:
-        """String (JSON): per-call secret env vars, deleted once consumed or at any terminal state."""
+        """String (JSON): per-call secret env vars, kept while the job lives (retries read them
+        again), deleted at any terminal state; TTL `jobs.ttl_s` as a backstop."""
         return f"{self.prefix}sec:{job_id}"
 
     # -- per worker ------------------------------------------------------------------------------
