@@ -370,7 +370,8 @@ class QuotasConfig(_Model):
 
 class AuditConfig(_Model):
     #: Records the Redis stream keeps (approximately: trimmed in whole macro nodes); 0 = none.
-    stream_maxlen: int = Field(1_000_000, ge=0)
+    #: A call's record is ~150 bytes of Redis memory, so the default holds ~30 MB.
+    stream_maxlen: int = Field(200_000, ge=0)
     #: Records older than this are trimmed from the stream (every `trim_period_s`).
     max_age_s: float = Field(7 * 86400.0, gt=0)
     trim_period_s: float = Field(60.0, gt=0)
