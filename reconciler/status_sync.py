@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from common.actor_names import actor_name
+from common.capacity import Capacity
 from common.config import Config, Environment
 from common.substrate import Actor, ActorStatus, NotFound, SubstrateClient, SubstrateError
 from reconciler.drift import Drift, is_ours, naming_prefix, orphan_drift, session_drift
@@ -71,6 +72,7 @@ class StatusSync:
         self._transit: Transits = {}
         self._orphans: Orphans = {}
         self._ops = asyncio.Semaphore(MAX_CONCURRENT_OPS)
+        self.capacity = Capacity(store.redis, config)
 
     async def run(self, report: PassReport) -> None:
         repairs: list[tuple[Drift, Repair]] = []
@@ -171,6 +173,8 @@ class StatusSync:
                 return False
             outcome = await self.store.repair_session(self.leader.value, row, kind.value, detail,
                                                       self._fields(kind, name))
+            if kind is Drift.ADOPTED and outcome == "ok":
+                await self.capacity.resumed(row.session)  # a candidate for pressure parking again
             log.warning("drift repaired", extra={"fields": {
                 "session": row.session, "actor": name, "drift": kind.value, "detail": detail,
                 "recorded": outcome}})
