@@ -46,6 +46,8 @@ PROBLEM_TYPES: dict[str, str] = {
     "no_capacity": ("503: no Substrate worker became free within `workers.capacity_wait_s` and no running "
                     "session could be parked (`position`: the place it had in the wait queue)"),
     "retries_exhausted": "503: infrastructure failures used up the job's attempts (the job went to the DLQ)",
+    "snapshot_refused": ("507: the session's files are over its template's limits (bytes, entries, depth): "
+                         "nothing was saved, the session is suspended at its last snapshot"),
 }
 
 

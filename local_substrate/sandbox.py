@@ -6,7 +6,7 @@ Inside a sandbox (bwrap and unshare levels):
 - a fresh root: system dirs (/usr and the /bin, /lib... links), of /etc only what programs need
   (ETC_ENTRIES; passwd and group are generated), the Python install read-only; of our code only
   `guest/`, `common/` and the third-party packages, read-only at /opt/atefleet; the slot's
-  workspace (/workspace), guest state dir and /tmp writable; /dev/shm a size-capped tmpfs; skills
+  workspace (/workspace) and guest state dir writable; /tmp and /dev/shm size-capped tmpfs; skills
   read-only. The repo root (config.yaml, .state), the host's /etc, the snapshot store, Redis data,
   the guest's socket and other slots do not exist in it;
 - an explicit minimal environment from the launcher on: the sandbox's pid 1 never carries the
@@ -240,6 +240,7 @@ def bwrap_argv(spec: SandboxSpec, command: list[str]) -> list[str]:
         a += ["--ro-bind", host, inner]
     a += ["--proc", "/proc", "--dev", "/dev"]
     a += ["--perms", "01777", "--size", str(_shm_bytes(spec.limits)), "--tmpfs", "/dev/shm"]
+    a += ["--perms", "01777", "--size", str(spec.limits.tmp_mb << 20), "--tmpfs", "/tmp"]
     for host, inner in _writable(spec):
         a += ["--bind", host, inner]
     for h, inner in spec.skills:
@@ -265,7 +266,9 @@ def _bwrap_parents(targets: list[str]) -> list[str]:
 
 
 def _writable(spec: SandboxSpec) -> list[tuple[str, str]]:
-    return [(str(spec.workspace), WORKSPACE), (str(spec.state), STATE_DIR), (str(spec.tmp), "/tmp")]
+    """Host dirs bound writable. /tmp is not one: it is a tmpfs of the template's `tmp_mb`, so
+    filling it fails with ENOSPC inside the sandbox instead of filling the host's disk."""
+    return [(str(spec.workspace), WORKSPACE), (str(spec.state), STATE_DIR)]
 
 
 _UNSHARE_PROLOGUE = """set -eu
@@ -280,6 +283,7 @@ for n in null zero full random urandom tty; do touch "$R/dev/$n"; mount --bind "
 ln -s /proc/self/fd "$R/dev/fd"
 for i in 0:stdin 1:stdout 2:stderr; do ln -s "/proc/self/fd/${{i%%:*}}" "$R/dev/${{i#*:}}"; done
 mkdir "$R/dev/shm" && mount -t tmpfs -o mode=1777,size={shm_bytes} atefleet-shm "$R/dev/shm"
+mkdir -p "$R/tmp" && mount -t tmpfs -o mode=1777,size={tmp_bytes} atefleet-tmp "$R/tmp"
 hostname {hostname}
 {lo}
 mount -o remount,ro "$R"
@@ -319,7 +323,8 @@ def unshare_script(spec: SandboxSpec, command: list[str]) -> str:
     inner = _drop_privileges(spec, [*_env_argv("unshare", spec), *command])
     lo = "ip link set lo up 2>/dev/null || true" if spec.network != "host" else ""
     lines.append(_UNSHARE_EPILOGUE.format(hostname=q(spec.hostname), lo=lo, command=shlex.join(inner),
-                                          shm_bytes=_shm_bytes(spec.limits)))
+                                          shm_bytes=_shm_bytes(spec.limits),
+                                          tmp_bytes=spec.limits.tmp_mb << 20))
     return "\n".join(lines)
 
 

@@ -30,6 +30,7 @@ from common.substrate import (
     ConfigurationError,
     NoFreeWorkers,
     NotFound,
+    SnapshotFailed,
     SubstrateClient,
     SubstrateError,
     TemplateMismatch,
@@ -363,6 +364,11 @@ class ActorKeeper:
                     await self._settle(env.atespace, name, actor, want=ActorStatus.RUNNING)
                 actor = await self.substrate.suspend_actor(env.atespace, name)
                 await self._settle(env.atespace, name, actor, want=ActorStatus.SUSPENDED)
+        except SnapshotFailed as err:
+            # Substrate put the actor back at its last snapshot and freed its worker.
+            await ctx.update_session(state="suspended", suspended_by=str(by))
+            self._worker_freed()
+            raise JobFailed(problem(507, "snapshot_refused", "Snapshot refused", str(err))) from err
         except SubstrateError as err:
             raise await self._failure(env.atespace, name, err) from err
         took_ms = round((time.monotonic() - started) * 1000, 1)
@@ -373,7 +379,7 @@ class ActorKeeper:
         await self.capacity.suspended(ctx.job.session, by, ctx.job.id)
         if by in FLEET_PARKS:
             PARKS.labels(reason=str(by)).inc()
-        return {"status": "ok", "duration_ms": took_ms}
+        return {"status": "ok", "duration_ms": took_ms, **_dropped_report(actor)}
 
     async def destroy(self, ctx: JobContext, keep_snapshot: bool) -> dict[str, Any]:
         """Suspend, then delete the actor, or keep it (and so its snapshot) for forensics."""
@@ -415,6 +421,13 @@ class ActorKeeper:
 def _poll_s(turn: Turn) -> float:
     """How long a waiting resume not yet admitted sleeps before looking again."""
     return min(CAPACITY_POLL_MAX_S, CAPACITY_POLL_S * (1 + turn.rank - ADMIT_WINDOW + 1))
+
+
+def _dropped_report(actor: Actor | None) -> dict[str, Any]:
+    """What a suspend's answer says of the special files its snapshot left out (when any)."""
+    if actor is None or not actor.dropped_count:
+        return {}
+    return {"dropped_files": {"count": actor.dropped_count, "paths": list(actor.dropped_files)}}
 
 
 def _infra(err: SubstrateError) -> Exception:
