@@ -230,6 +230,13 @@ async def viewer_bench(args: argparse.Namespace) -> dict[str, float]:
                       f"complete {one['per_s']:6.0f}/s"
                       + (f" ({events} UI events received)" if viewing else ""))
     figures: dict[str, float] = {}
+    for role in ("reconciler", "api"):
+        for viewing in (False, True):
+            ms = statistics.median(r["role_cpu_ms"].get(role, 0.0) for r in results[viewing])
+            figures[f"{role}_cpu_ms_per_job{'_viewer' if viewing else ''}"] = ms
+    print(f"CPU per job: reconciler (folds the stats) {figures['reconciler_cpu_ms_per_job']:.3f} ms, "
+          f"api {figures['api_cpu_ms_per_job']:.3f} ms without a viewer, "
+          f"{figures['api_cpu_ms_per_job_viewer']:.3f} ms with one")
     for key in ("submit_per_s", "per_s"):
         base = statistics.median(r[key] for r in results[False])
         viewed = statistics.median(r[key] for r in results[True])

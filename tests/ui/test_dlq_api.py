@@ -16,6 +16,12 @@ def _entry_of(client: httpx.Client, job_id: str) -> dict[str, Any] | None:
     return next((e for e in entries if e["job_id"] == job_id), None)
 
 
+def _audited(client: httpx.Client, sid: str, op: str, job_id: str) -> bool:
+    records = client.get("/v1/audit", params={"session": sid, "limit": 1000}).json()["records"]
+    return any(r.get("ev") == "admin" and r.get("op") == op and r.get("job") == job_id
+               and r.get("pr") == "key:admin" for r in records)
+
+
 def test_a_dead_lettered_job_is_listed_inspected_and_replayed_to_success(
         ui_fleet: RunningFleet, admin: httpx.Client) -> None:
     # given a call that failed on its only attempt (Substrate did not answer)
@@ -37,6 +43,7 @@ def test_a_dead_lettered_job_is_listed_inspected_and_replayed_to_success(
     assert done["state"] == "succeeded", done
     assert "replayed" in done["result"]["output"]
     assert admin.get(f"/v1/dlq/{entry['id']}").status_code == 404
+    assert _audited(admin, "dlq-victim", "dlq_replay", failed["id"])
     again = admin.post(f"/v1/dlq/{entry['id']}/replay")
     assert again.status_code == 404 and again.headers["content-type"] == "application/problem+json"
 
@@ -51,6 +58,7 @@ def test_discard_drops_the_entry_and_keeps_the_failed_job(
     assert admin.get(f"/v1/dlq/{entry['id']}").status_code == 404
     assert admin.delete(f"/v1/dlq/{entry['id']}").status_code == 404
     assert admin.get(f"/v1/jobs/{failed['id']}").json()["state"] == "failed"
+    assert _audited(admin, "dlq-victim2", "dlq_discard", failed["id"])
 
 
 def test_only_admins_reach_the_dlq(ui_fleet: RunningFleet) -> None:

@@ -61,11 +61,19 @@ class Page:
         self.errors: list[str] = []
         self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-        self.page.on("dialog", lambda d: d.accept())
+        self.dialogs: list[str] = []
+        self.page.on("dialog", self._dialog)
         self.page.goto("/ui")
         self.page.fill("input[name=token]", token)
         self.page.click("form.login button")
         self.page.wait_for_url("**/ui")
+
+    def _dialog(self, dialog: Any) -> None:
+        """Confirmations are accepted; any other dialog (an injected alert) is an error."""
+        if dialog.type != "confirm":
+            self.errors.append(f"unexpected {dialog.type} dialog: {dialog.message}")
+        self.dialogs.append(dialog.message)
+        dialog.accept()
 
     def shot(self, name: str) -> None:
         self.page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
@@ -125,9 +133,12 @@ def test_actions_need_the_csrf_token(ui_fleet: RunningFleet) -> None:
 
 
 def test_the_overview_updates_while_a_load_runs(tab: Page, ui_fleet: RunningFleet) -> None:
-    # given the overview open, showing no calls yet in the last minute
+    # given the overview open and live, showing the calls/s of the last minute
     panel = tab.page.locator("#overview")
     tab.page.wait_for_function("document.querySelector('#overview').dataset.updates >= 1")
+    calls = "Number(document.querySelector('[data-k=calls]').textContent)"
+    before = float(tab.page.evaluate(calls))
+    updates = int(tab.page.evaluate("document.querySelector('#overview').dataset.updates"))
     stop = threading.Event()
 
     def load() -> None:
@@ -142,20 +153,20 @@ def test_the_overview_updates_while_a_load_runs(tab: Page, ui_fleet: RunningFlee
     worker = threading.Thread(target=load)
     worker.start()
     try:
-        tab.page.wait_for_function(
-            "Number(document.querySelector('[data-k=calls]').textContent) > 0", timeout=WAIT_MS)
+        tab.page.wait_for_function(f"{calls} > {before}", timeout=WAIT_MS)
     finally:
         stop.set()
         worker.join()
     assert "p50 latency" in panel.inner_text() and "/s now" in panel.inner_text()
-    assert int(tab.page.evaluate("document.querySelector('#overview').dataset.updates")) >= 2
+    assert int(tab.page.evaluate("document.querySelector('#overview').dataset.updates")) > updates
     tab.shot("overview")
 
 
 def test_a_session_and_its_running_job_show_output_as_it_arrives(tab: Page, ui_fleet: RunningFleet) -> None:
     # given a job printing a line a second, running
     with ui_fleet.client(KEY_ADMIN) as client:
-        job_id = _call(client, "ui-live", "for i in 1 2 3 4 5 6 7 8; do echo line$i; sleep 1; done")
+        job_id = _call(client, "ui-live", "echo '<img src=x onerror=alert(1)>'; "
+                                          "for i in 1 2 3 4 5 6 7 8; do echo line$i; sleep 1; done")
         wait_for("the job to run", lambda: client.get(f"/v1/jobs/{job_id}").json()["state"] == "running")
 
     # when its session's page is opened and the running job followed from there
@@ -170,7 +181,17 @@ def test_a_session_and_its_running_job_show_output_as_it_arrives(tab: Page, ui_f
     tab.shot("job-running")
     expect(tab.page.locator("#job-state")).to_have_text("succeeded", timeout=WAIT_MS)
     expect(tab.page.locator("#output")).to_contain_text("line8")
+    expect(tab.page.locator("#output")).to_contain_text("<img src=x onerror=alert(1)>")  # text, not markup
     tab.shot("job")
+
+    # and the session's Suspend button (confirmed) enqueues an audited suspend that succeeds
+    tab.page.goto(f"/ui/sessions/{ENV}/ui-live")
+    tab.page.locator("form[action$='/suspend'] button").click()
+    expect(tab.page.locator("#job-state")).to_have_text("succeeded", timeout=WAIT_MS)
+    assert tab.dialogs[-1] == f"Suspend session {ENV}/ui-live?"
+    with ui_fleet.client(KEY_ADMIN) as client:
+        records = client.get("/v1/audit", params={"session": "ui-live"}).json()["records"]
+    assert any(r.get("op") == "ui_suspend" and r.get("pr") == "key:admin" for r in records)
 
 
 def test_a_dead_letter_is_replayed_from_the_ui_and_succeeds(tab: Page, ui_fleet: RunningFleet) -> None:
