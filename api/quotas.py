@@ -53,27 +53,25 @@ class StreamSlots:
     def count(self, principal_id: str) -> int:
         return self._open.get(principal_id, 0)
 
-    async def take(self, fleet: Fleet, principal: Principal, op: str) -> None:
-        """Take a slot for the principal, or raise QuotaExceeded (429, audited). Give it back
-        with `release` (or hold it with `held`)."""
+    async def check(self, fleet: Fleet, principal: Principal, op: str) -> None:
+        """Raise QuotaExceeded (429, audited) when the principal holds all its slots; the stream
+        or long-poll then runs inside `held`."""
         limit = fleet.config.quotas.of(principal.id).streams_open
         if limit and self.count(principal.id) >= limit:
             await fleet.audit.record("quota_refused", principal.id, op=op, why="streams_open")
             raise QuotaExceeded("streams_open", limit, f"quota streams_open ({limit}) is used up: "
                                 "close a stream or long-poll first", retry_after_s=STREAM_RETRY_AFTER_S)
-        self._open[principal.id] = self.count(principal.id) + 1
-
-    def release(self, principal_id: str) -> None:
-        left = self.count(principal_id) - 1
-        if left > 0:
-            self._open[principal_id] = left
-        else:
-            self._open.pop(principal_id, None)
 
     @contextmanager
     def held(self, principal_id: str) -> Iterator[None]:
-        """Release the principal's slot (taken with `take`) when the block ends."""
+        """One of the principal's slots, for as long as the block runs. Taken here rather than
+        at `check`: an SSE body that never starts (the client left first) then holds none."""
+        self._open[principal_id] = self.count(principal_id) + 1
         try:
             yield
         finally:
-            self.release(principal_id)
+            left = self.count(principal_id) - 1
+            if left > 0:
+                self._open[principal_id] = left
+            else:
+                self._open.pop(principal_id, None)

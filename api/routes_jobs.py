@@ -36,7 +36,7 @@ async def get_job(fleet: FleetDep, principal: PrincipalDep, job_id: str,
                   wait: float = Query(0, ge=0, description="seconds to wait for the job to end")) -> Any:
     job = await fleet.visible_job(job_id, principal)
     if wait > 0 and not job.terminal:
-        await fleet.streams.take(fleet, principal, "long_poll")
+        await fleet.streams.check(fleet, principal, "long_poll")
         with fleet.streams.held(principal.id):
             done = await fleet.waiter.wait(job_id, min(wait, fleet.config.jobs.long_poll_max_s))
         job = done or await fleet.visible_job(job_id, principal)
@@ -84,14 +84,14 @@ async def job_events(fleet: FleetDep, principal: PrincipalDep, job_id: str,
     after = last_event_id or "0-0"
     if not _is_stream_id(after):
         raise BadRequest("Last-Event-ID must be an id from this stream (e.g. 1700000000000-0)")
-    await fleet.streams.take(fleet, principal, "events")
+    await fleet.streams.check(fleet, principal, "events")
     return StreamingResponse(_held(fleet, principal.id, output_events(fleet, job_id, after)),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 async def _held(fleet: Fleet, principal_id: str, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """`events`, giving the principal's stream slot back when the stream ends, however it ends."""
+    """`events`, holding one of the principal's stream slots while they flow."""
     with fleet.streams.held(principal_id):
         async for chunk in events:
             yield chunk
