@@ -344,8 +344,9 @@ class QuotaLimits(_Model):
 
     #: Sessions it owns (until GC forgets destroyed ones): a 403, freed by destroying sessions.
     sessions_owned: int = Field(0, ge=0)
-    #: Jobs queued or running in one of its sessions: a 429.
-    jobs_queued_per_session: int = Field(0, ge=0)
+    #: Jobs queued or running in one of its sessions: a 429. Capped by default: a session's
+    #: queue is Redis memory (~0.5 KB a job) that one client could otherwise grow without end.
+    jobs_queued_per_session: int = Field(10_000, ge=0)
     #: Jobs queued or running in all its sessions: a 429.
     jobs_queued: int = Field(0, ge=0)
     #: SSE streams and long-polls it holds open, per API process: a 429.
