@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,7 +16,15 @@ from api.auth import Principal
 from api.fleet import Fleet, FleetDep, PrincipalDep
 from api.ownership import check_access, check_callback_secret, tenancy_of
 from api.policy import check_call
-from api.problems import ApiProblem, BadRequest, IdempotencyConflict, InvalidToolCall, ToolNotAllowed
+from api.problems import (
+    ApiProblem,
+    BadRequest,
+    IdempotencyConflict,
+    InvalidToolCall,
+    ToolNotAllowed,
+    Unprocessable,
+)
+from api.routes_sessions import SESSION_ID_PATTERN
 from api.submit import tool_job
 from api.tool_calls import fingerprint, parse_tool_call
 from common.job_json import job_to_json
@@ -26,6 +35,8 @@ from common.queue.scripts import audit_op
 from common.tool_calls import ToolCall
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+_SESSION_ID = re.compile(SESSION_ID_PATTERN)
 
 #: SSE keep-alive comment period, below common proxy idle timeouts.
 SSE_HEARTBEAT_MS = 15000
@@ -108,6 +119,10 @@ def _batch_job(fleet: Fleet, principal: Principal, index: int, item: Any) -> tup
     env_name, sid = item.get("environment"), item.get("session")
     if not isinstance(env_name, str) or not isinstance(sid, str) or not sid:
         raise InvalidToolCall("each call needs `environment` and `session`", field=f"calls.{index}")
+    if _SESSION_ID.match(sid) is None:  # the rule every session route applies to its path
+        raise Unprocessable("the request does not validate", errors=[{
+            "field": f"calls.{index}.session",
+            "message": f"String should match pattern '{SESSION_ID_PATTERN}'"}])
     environment = fleet.environment(env_name)
     call = parse_tool_call({k: v for k, v in item.items() if k not in ("environment", "session")},
                            webhook_secret_ids=fleet.config.webhooks.secrets.keys())

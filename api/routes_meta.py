@@ -17,18 +17,23 @@ from common.tool_schemas import anthropic_tools, openai_tools
 router = APIRouter()
 
 
-def _sandbox_level(state_dir: str) -> str:
-    """The local Substrate's sandbox level from its status file; none there means a cluster."""
+def _isolation(state_dir: str) -> dict[str, Any]:
+    """The isolation the local Substrate reports in its status file (local_substrate.isolation);
+    no file means a cluster, whose isolation is Substrate's own."""
     try:
         status = json.loads((Path(state_dir) / "local-substrate" / "status.json").read_text())
     except (OSError, ValueError):
-        return "external-substrate"
-    return str(status.get("sandbox", "unknown"))
+        return {"sandbox": "external-substrate"}
+    report = status.get("isolation")
+    return report if isinstance(report, dict) else {"sandbox": str(status.get("sandbox", "unknown"))}
 
 
 @router.get("/healthz", tags=["ops"])
 async def healthz(fleet: FleetDep) -> dict[str, Any]:
-    return {"status": "ok", "sandbox": _sandbox_level(fleet.config.state_dir),
+    """Liveness, and exactly what isolation tenant code runs under (sandbox level, per-slot uids,
+    cgroups, the memory bound, what is given up)."""
+    isolation = _isolation(fleet.config.state_dir)
+    return {"status": "ok", "sandbox": isolation["sandbox"], "isolation": isolation,
             "auth": fleet.config.auth.enabled}
 
 

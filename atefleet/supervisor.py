@@ -31,6 +31,7 @@ from pathlib import Path
 from common.config import Config
 from common.embedded_redis import EmbeddedRedis, rotate_log, start_embedded_redis
 from common.secret_box import KEY_ENV, load_key
+from local_substrate.isolation import describe as describe_isolation
 
 log = logging.getLogger("atefleet.supervisor")
 
@@ -43,6 +44,14 @@ RESTART_BACKOFF_MAX_S = 30.0
 HEALTHY_AFTER_S = 30.0
 
 _PR_SET_PDEATHSIG = 1
+
+#: All the local Substrate gets of the fleet's environment. It serves gRPC and runs sandboxes:
+#: it never needs the fleet key or Redis, so neither (nor the operator's other variables) is in
+#: its memory for a sandbox escape, a core dump or /proc to show.
+SUBSTRATE_ENV = (
+    "PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "LOGNAME", "PYTHONPATH", "PYTHONUNBUFFERED",
+    "PROMETHEUS_MULTIPROC_DIR", "ATEFLEET_CONFIG", "ATEFLEET_STATE_DIR", "ATEFLEET_ATEAPI",
+)  # fmt: skip
 
 
 def _die_with_parent() -> None:
@@ -149,7 +158,8 @@ class Supervisor:
         children.append(Child("reconciler", self._role("reconciler")))
         children.append(Child("webhooks", self._role("webhooks")))
         for child in children:
-            child.env = env
+            child.env = env if child.name != "local-substrate" else {
+                k: v for k, v in env.items() if k in SUBSTRATE_ENV}
         return children, substrate_addr
 
     def start(self) -> None:
@@ -200,9 +210,9 @@ class Supervisor:
         print(f"  redis: {'embedded, ' + str(self.state_dir / 'redis') if self.redis else 'external'}"
               f"  substrate: {substrate_addr or self.config.ate.ateapi} (sandbox: {sandbox})"
               f"  workers: {self.config.workers.processes}", flush=True)
-        if sandbox == "none":
-            print("  WARNING: no sandbox available (install bubblewrap): commands run as plain processes",
-                  flush=True)
+        isolation = status.get("isolation")
+        for line in describe_isolation(isolation) if isinstance(isolation, dict) else []:
+            print(f"  {line}", flush=True)
 
     # -- supervise ---------------------------------------------------------------------------
 
