@@ -29,10 +29,13 @@
         ├── RateLimitedError                rate_limited
         ├── InternalError                   internal, invalid_result, secrets_unreadable/missing
         ├── GuestError                      guest_error
-        └── UnavailableError                unavailable, substrate_configuration, retries_exhausted
+        ├── UnavailableError                unavailable, substrate_configuration, retries_exhausted
+        │   └── NoCapacityError             no_capacity
+        └── SnapshotRefusedError            snapshot_refused
 
-A problem's class is found by the last path segment of its `type` (so `.../problems/job_expired`
-and a `job-expired` spelling both map); an unknown type falls back to the class of its HTTP status.
+A problem's class is found by the last segment of its `type` (so `.../problems/job_expired`, a
+`job-expired` spelling and a `urn:...:job_expired` all map); an unknown type falls back to the
+class of its HTTP status.
 """
 
 from __future__ import annotations
@@ -181,6 +184,14 @@ class GuestError(ProblemError):
 
 class UnavailableError(ProblemError):
     SLUGS, STATUS = ("unavailable", "substrate_configuration", "retries_exhausted"), 503
+
+
+class NoCapacityError(UnavailableError):
+    SLUGS = ("no_capacity",)
+
+
+class SnapshotRefusedError(ProblemError):
+    SLUGS, STATUS = ("snapshot_refused",), 507
 
 
 def _all_subclasses(cls: type[ProblemError]) -> list[type[ProblemError]]:

@@ -6,6 +6,7 @@ API adding fields never breaks an older SDK.
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Any
 
@@ -27,8 +28,9 @@ class Problem(_Model):
 
     @property
     def slug(self) -> str:
-        """The last path segment of `type`, snake_case (`.../problems/job_expired` → `job_expired`)."""
-        return self.type.rstrip("/").rsplit("/", 1)[-1].replace("-", "_")
+        """The last segment of `type` (after `/`, `:` or `#`), snake_case (`.../job-expired` →
+        `job_expired`)."""
+        return re.split(r"[/:#]", self.type.rstrip("/"))[-1].replace("-", "_")
 
 
 class JobState(StrEnum):
