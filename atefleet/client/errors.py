@@ -77,6 +77,7 @@ class JobNotFinished(AtefleetError):
 class ProblemError(AtefleetError):
     """An RFC 9457 problem answered by the API (or stored as a failed job's `error`)."""
 
+    #: The problem slugs this class answers (subclasses narrow them).
     SLUGS: ClassVar[tuple[str, ...]] = ()
     STATUS: ClassVar[int | None] = None
 
@@ -183,7 +184,8 @@ class GuestError(ProblemError):
 
 
 class UnavailableError(ProblemError):
-    SLUGS, STATUS = ("unavailable", "substrate_configuration", "retries_exhausted"), 503
+    SLUGS: ClassVar[tuple[str, ...]] = ("unavailable", "substrate_configuration", "retries_exhausted")
+    STATUS = 503
 
 
 class NoCapacityError(UnavailableError):
