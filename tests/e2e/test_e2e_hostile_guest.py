@@ -67,6 +67,7 @@ def test_a_planted_guest_never_runs_and_the_session_keeps_working(level_fleet: R
         assert run(c, bystander, "echo alive") == "alive\n"
 
 
+@pytest.mark.non_root
 def test_no_fleet_secret_config_or_state_is_visible_inside(level_fleet: RunningFleet) -> None:
     key = base64.b64encode((level_fleet.state_dir / "secrets.key").read_bytes()).decode()
     with level_fleet.client() as c:
@@ -90,6 +91,7 @@ def test_the_fleets_loopback_services_are_unreachable(level_fleet: RunningFleet)
     assert "CONNECTED" not in out and "refused" in out.lower()
 
 
+@pytest.mark.non_root
 def test_healthz_and_the_banner_state_the_isolation_in_force(level_fleet: RunningFleet) -> None:
     level = level_fleet.level  # type: ignore[attr-defined]
     health = httpx.get(f"{level_fleet.url}/healthz").json()
