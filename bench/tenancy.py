@@ -2,12 +2,16 @@
 
 1. Policy: a call checked against an environment's 50 rules (45 on `bash` commands, 5 on file
    paths), allowed after walking every rule of its tool (the worst case), in-process.
-2. The fleet with auth (an API key: a non-admin principal, so every call is owner-checked in the
+2. The API's side: async submits through the tool-call route's own function on a real Redis,
+   without tenancy's parts, then adding auth (API key), the audit record, the 50 rules and quotas
+   one by one (ownership is always on: the owner check and claim are part of every enqueue).
+3. The fleet with auth (an API key: a non-admin principal, so every call is owner-checked in the
    enqueue script and gets an audit record there), those 50 rules, and quotas on every dimension
    (high enough not to refuse): bench/e2e.py's and bench/async.py's phases, unchanged but for the
    bearer token each request carries. Compare with their runs without tenancy (README, Performance).
 
-    .venv/bin/python bench/tenancy.py [--skip-fleet] [--n 300] [--sessions 100] [--calls 20] [--jobs 50]
+    .venv/bin/python bench/tenancy.py [--skip-fleet] [--api-calls 2000]
+        [--n 300] [--sessions 100] [--calls 20] [--jobs 50]
 
 The last line is one JSON object of figures.
 """
@@ -26,6 +30,8 @@ import asyncio  # noqa: E402
 import hashlib  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -76,6 +82,67 @@ def policy_figures(rounds: int = 200_000) -> dict[str, float]:
     return figures
 
 
+#: The API-side variants timed in-process, each adding one part of tenancy to the previous one.
+_API_STEPS: list[tuple[str, dict[str, Any]]] = [
+    ("open", {"audit": {"stream_maxlen": 0}, "environments": [{"name": "my-env"}]}),
+    ("auth", {"auth": {"api_keys": [{"name": "bench",
+                                     "sha256": hashlib.sha256(API_KEY.encode()).hexdigest()}]}}),
+    ("audit", {"audit": {"stream_maxlen": 200_000}}),
+    ("policy", {"environments": [{"name": "my-env", "policy": {"rules": fifty_rules()}}]}),
+    ("quotas", {"quotas": {"default": {"sessions_owned": 10_000, "jobs_queued_per_session": 100_000,
+                                       "jobs_queued": 1_000_000, "output_bytes": 1 << 40}}}),
+]
+
+
+async def api_figures(calls: int, rounds: int = 7) -> dict[str, float]:
+    """CPU µs per async `bash` submit through the tool-call route's function on real Redis (no
+    workers: the jobs stay queued), of this process (the API's part) and of redis-server (the
+    scripts'), for each variant of `_API_STEPS`, interleaved in rounds. CPU time, not wall time:
+    it holds on a loaded machine."""
+    from api.app import create_app
+    from api.routes_sessions import tool_call
+    from common.embedded_redis import start_embedded_redis
+
+    body = json.dumps(e2e.tool_call("bash", {"command": "make -j2 test 2>&1 | tail -n 50"})).encode()
+    headers = {"prefer": "respond-async", "authorization": f"Bearer {API_KEY}"}
+    with tempfile.TemporaryDirectory(prefix="bench-tenancy-") as tmp:
+        server = start_embedded_redis(Path(tmp) / "redis")
+        try:
+            config: dict[str, Any] = {"state_dir": str(Path(tmp) / "state")}
+            configs = []
+            for name, step in _API_STEPS:
+                config = {**config, **step}
+                configs.append((name, parse_config(config)))
+            spent: dict[str, list[float]] = {name: [] for name, _ in _API_STEPS}
+            redis_spent: dict[str, list[float]] = {name: [] for name, _ in _API_STEPS}
+            for round_ in range(rounds):
+                for name, cfg in configs:
+                    # A new app each time: its lifespan runs once (the MCP endpoint's manager).
+                    app = create_app(cfg, server.url).app.app  # type: ignore[attr-defined]
+                    async with app.router.lifespan_context(app):
+                        fleet = app.state.fleet
+
+                        async def read() -> bytes:
+                            return body
+
+                        redis_before = await _redis_cpu_s(fleet.redis)
+                        started = time.process_time()
+                        for i in range(calls):
+                            await tool_call(fleet, headers, read, "my-env", f"{name}-{round_}-{i % 100}")
+                        spent[name].append((time.process_time() - started) / calls * 1e6)
+                        redis_after = await _redis_cpu_s(fleet.redis)
+                        redis_spent[name].append((redis_after - redis_before) / calls * 1e6)
+        finally:
+            server.stop()
+    return {**{f"api_cpu_{name}_us": statistics.median(v) for name, v in spent.items()},
+            **{f"redis_cpu_{name}_us": statistics.median(v) for name, v in redis_spent.items()}}
+
+
+async def _redis_cpu_s(redis: Any) -> float:
+    info = await redis.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
 def tenancy_config(make_config: Any) -> Any:
     """bench/e2e.py's fleet config plus auth, 50 policy rules and quotas (see the docstring)."""
 
@@ -115,6 +182,7 @@ def with_tenancy() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-fleet", action="store_true", help="only the in-process policy figures")
+    parser.add_argument("--api-calls", type=int, default=2000, help="submits per variant, per round")
     parser.add_argument("--n", type=int, default=300)
     parser.add_argument("--sessions", type=int, default=100)
     parser.add_argument("--calls", type=int, default=20)
@@ -124,6 +192,11 @@ def main() -> None:
     figures = policy_figures()
     print(f"policy, 50 rules: bash {figures['policy_bash_us']:.2f} µs, read_file "
           f"{figures['policy_read_file_us']:.2f} µs per call (target <= {TARGET_POLICY_US:g} µs)")
+    api = asyncio.run(api_figures(args.api_calls))
+    for side in ("api", "redis"):
+        print(f"async submit, {side} CPU µs per call, each step adding to the previous: " + ", ".join(
+            f"{k.split('_')[2]} {v:.1f}" for k, v in api.items() if k.startswith(side)))
+    figures.update(api)
     if not args.skip_fleet:
         with_tenancy()
         sync = asyncio.run(e2e.run(args))
