@@ -11,7 +11,7 @@
    (target ≤ 2%).
 
     .venv/bin/python bench/ui.py [--sessions 10000] [--jobs 100000] [--rounds 20]
-    .venv/bin/python bench/ui.py --viewer [--pairs 3]
+    .venv/bin/python bench/ui.py --viewer [--pairs 3] [--viewer-sessions 100] [--jobs 50]
 
 The last line is one JSON object of figures.
 """
@@ -257,9 +257,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--viewer", action="store_true", help="measure one viewer's cost instead")
     parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--viewer-sessions", type=int, default=100, help="--viewer: sessions submitting")
     args = parser.parse_args()
     if args.viewer:
-        args.sessions_viewer, args.jobs = 101, 50 if args.jobs == 100_000 else args.jobs
+        args.sessions_viewer = args.viewer_sessions + 1  # the first holds the job page's running job
+        args.jobs = 50 if args.jobs == 100_000 else args.jobs
         figures = asyncio.run(viewer_bench(args))
     else:
         figures = pages_bench(args)

@@ -175,6 +175,8 @@ async def jobs(request: Request, _op: Operator, id: str = "", session: str = "",
                before: int | None = Query(None, ge=0)) -> Response:
     fleet = _fleet(request)
     if id:
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", id.strip()):
+            raise BadRequest("not a job id", job_id=id[:64])
         return RedirectResponse(f"/ui/jobs/{id.strip()}", status_code=303)
     if state and state not in {s.value for s in JobState}:
         raise BadRequest("state must be one of " + ", ".join(s.value for s in JobState))

@@ -10,6 +10,7 @@ from typing import Any
 
 from api.fleet import Fleet
 from api.session_view import session_view
+from common.capacity import Capacity
 from common.fleet_stats import FleetStats, Point
 from common.job_json import rfc3339
 from common.queue import JobRecord, JobState
@@ -54,6 +55,7 @@ class Overview:
     dlq_size: int
     webhook_backlog: int
     points: list[Point]
+    capacity: dict[str, Any]
 
     @property
     def failures(self) -> int:
@@ -80,12 +82,14 @@ async def overview(fleet: Fleet) -> Overview:
     pipe.xlen(k.ready)
     pipe.xlen(k.dlq)
     workers, idle, busy, with_work, oldest, ready, dlq = await pipe.execute()
-    points, sessions, backlog = await asyncio.gather(
-        stats_of(fleet).series(), stats_of(fleet).sessions_by_state(), webhook_backlog(fleet))
+    points, sessions, backlog, capacity = await asyncio.gather(
+        stats_of(fleet).series(), stats_of(fleet).sessions_by_state(), webhook_backlog(fleet),
+        Capacity(fleet.redis, fleet.config).view())
     oldest_s = time.time() - oldest[0][1] / 1000 if oldest else None
     return Overview(workers=int(workers), free_slots=int(sum(s for _, s in idle)), busy_sessions=int(busy),
                     sessions=sessions, sessions_with_work=int(with_work), waiting_for_worker=int(ready),
-                    oldest_wait_s=oldest_s, dlq_size=int(dlq), webhook_backlog=backlog, points=points)
+                    oldest_wait_s=oldest_s, dlq_size=int(dlq), webhook_backlog=backlog, points=points,
+                    capacity=capacity)
 
 
 #: Undelivered callbacks counted at most (the page says "1000+").
