@@ -3,9 +3,10 @@ retry policy. `Client` and `AsyncClient` only send, so both behave the same by c
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import random
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -101,21 +102,28 @@ def _problem(response: Response) -> Problem:
 
 
 def _key() -> str:
-    return uuid.uuid4().hex
+    """A fresh Idempotency-Key (128 random bits)."""
+    return os.urandom(16).hex()
+
+
+#: One encoder for every body (`json.dumps` with options builds a new one per call).
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
 def _json(body: Any) -> bytes:
-    return json.dumps(body, separators=(",", ":")).encode()
+    return _ENCODER.encode(body).encode()
 
 
+@functools.lru_cache(maxsize=4096)
 def session_path(env: str, sid: str) -> str:
     return f"/v1/environments/{quote(env, safe='')}/sessions/{quote(sid, safe='')}"
 
 
 def tool_item(name: str, arguments: Mapping[str, Any], call_id: str = "") -> dict[str, Any]:
-    """A seed-shaped tool call (the API's native body)."""
-    return {"call_id": call_id or f"call_{_key()[:12]}", "type": "function_call",
-            "function": {"name": name, "arguments": json.dumps(arguments)}}
+    """A seed-shaped tool call (the API's native body; `arguments` as an object, which the API
+    takes like the JSON string OpenAI sends)."""
+    return {"call_id": call_id or f"call_{os.urandom(6).hex()}", "type": "function_call",
+            "function": {"name": name, "arguments": arguments}}
 
 
 def envelope(item: Mapping[str, Any], *, auto_resume: bool, env_variables: Mapping[str, str] | None,

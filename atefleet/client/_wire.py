@@ -1,4 +1,5 @@
-"""What both transports share: a request and an answer as plain values, and the request's bytes."""
+"""What both transports share: a request and an answer as plain values, the request's bytes, and
+the response parser (httptools: llhttp, in C) they feed from their sockets."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
+
+import httptools
 
 #: A request target or header name as it may go on the wire: no spaces or control characters, so
 #: no caller-supplied value can split or smuggle a request.
@@ -31,7 +34,9 @@ class Request:
 
     @property
     def target(self) -> str:
-        query = {k: _param(v) for k, v in (self.params or {}).items() if v is not None}
+        if not self.params:
+            return self.path
+        query = {k: _param(v) for k, v in self.params.items() if v is not None}
         return self.path + (f"?{urlencode(query)}" if query else "")
 
 
@@ -49,26 +54,82 @@ class Response:
         return json.loads(self.body) if self.body else None
 
 
-def check_request(request: Request) -> str:
-    """The request's target, after checking it and every header can go on the wire as they are."""
+def header_lines(headers: Mapping[str, str]) -> str:
+    """Header lines, after checking each can go on the wire as it is."""
+    for name, value in headers.items():
+        if not _TOKEN.fullmatch(name) or ":" in name or not _HEADER_VALUE.fullmatch(value):
+            raise ValueError(f"header {name!r} cannot be sent")
+    return "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+
+
+def request_bytes(request: Request, fixed_headers: str) -> bytes:
+    """The request as one write: head (with the client's `fixed_headers` lines) and body."""
     target = request.target
     if not _TOKEN.fullmatch(target):
         raise ProtocolError(f"request target {target!r} cannot be sent")
-    for name, value in request.headers.items():
-        if not _TOKEN.fullmatch(name) or ":" in name or not _HEADER_VALUE.fullmatch(value):
-            raise ValueError(f"header {name!r} cannot be sent")
-    return target
-
-
-def request_bytes(request: Request) -> bytes:
-    """The request as one write: head and body."""
-    lines = [f"{request.method} {check_request(request)} HTTP/1.1\r\n"]
-    lines += [f"{name}: {value}\r\n" for name, value in request.headers.items()]
     body = request.body
     if body is not None:
-        lines.append(f"content-type: application/json\r\ncontent-length: {len(body)}\r\n")
-    elif request.method in ("POST", "PUT", "PATCH"):
-        lines.append("content-length: 0\r\n")
-    lines.append("\r\n")
-    head = "".join(lines).encode("latin-1")
+        length = f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
+    else:
+        length = "content-length: 0\r\n" if request.method in ("POST", "PUT", "PATCH", "DELETE") else ""
+    head = (f"{request.method} {target} HTTP/1.1\r\n{fixed_headers}{header_lines(request.headers)}"
+            f"{length}\r\n").encode("latin-1")
     return head + body if body else head
+
+
+class ResponseParser:
+    """One connection's answers, one at a time: status, headers, body chunks, completion."""
+
+    def __init__(self) -> None:
+        self._parser = httptools.HttpResponseParser(self)
+        self.reset()
+
+    def reset(self) -> None:
+        """Before each request on the connection."""
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.chunks: list[bytes] = []
+        self.head_done = False
+        self.complete = False
+        #: Whether the connection may carry another request after this answer.
+        self.keep_alive = False
+        self._framed = False
+
+    def feed(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as err:
+            raise ProtocolError(f"malformed answer from the API: {err!r}") from err
+
+    def eof(self) -> None:
+        """The peer closed: ends an answer framed by the close; anything else was cut short."""
+        if self.head_done and not self._framed and not self.complete:
+            self.complete = True
+        elif not self.complete:
+            raise ConnectionResetError("the API closed the connection before answering in full")
+
+    def take_chunks(self) -> list[bytes]:
+        chunks, self.chunks = self.chunks, []
+        return chunks
+
+    # ---- httptools callbacks ---------------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key = name.decode("latin-1").lower()
+        if key in ("content-length", "transfer-encoding"):
+            self._framed = True
+        self.headers[key] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if status < 200:  # an interim answer (e.g. 103 Early Hints): the real one follows
+            self.headers, self._framed = {}, False
+            return
+        self.status, self.head_done = status, True
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.head_done:
+            self.complete = True
+            self.keep_alive = self._parser.should_keep_alive()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
@@ -12,7 +11,7 @@ from typing import Any, TypeVar
 from atefleet.client import _api
 from atefleet.client._aio_http import AsyncTransport
 from atefleet.client._tools import ToolMethods
-from atefleet.client._wire import Request, Response
+from atefleet.client._wire import Response
 from atefleet.client.client import STREAM_IDLE_TIMEOUT_S, settings_from_env
 from atefleet.client.errors import TRANSPORT_FAILURES, JobNotFinished, transport_error
 from atefleet.client.models import Environment, Job, OutputChunk, SessionInfo, ToolResult
@@ -28,8 +27,8 @@ class AsyncClient:
     def __init__(self, base_url: str | None = None, token: str | None = None, *,
                  tls: ssl.SSLContext | None = None, **options: Any) -> None:
         self.settings = settings_from_env(base_url, token, **options)
-        self._headers = self.settings.headers()
-        self._transport = AsyncTransport(self.settings.base_url, tls, self.settings.connect_timeout_s)
+        self._transport = AsyncTransport(self.settings.base_url, self.settings.headers(), tls,
+                                         self.settings.connect_timeout_s)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -41,12 +40,9 @@ class AsyncClient:
         await self._transport.aclose()
 
     # ---- sending ---------------------------------------------------------------------------
-    def _prepare(self, request: Request) -> Request:
-        return dataclasses.replace(request, headers={**self._headers, **request.headers})
-
     async def _send(self, op: _api.Op[Any], timeout_s: float | None = None) -> Response:
         """The answer to `op`, retried (same Idempotency-Key) on 429/503 and lost connections."""
-        request, attempt = self._prepare(op.request), 0
+        request, attempt = op.request, 0
         while True:
             attempt += 1
             try:
@@ -162,7 +158,7 @@ class AsyncClient:
         while True:
             try:
                 head, body = await self._transport.stream(
-                    self._prepare(_api.events_request(job_id, last_id)), self.settings.connect_timeout_s)
+                    _api.events_request(job_id, last_id), self.settings.connect_timeout_s)
                 if head.status >= 400:
                     _api.raise_problem(Response(head.status, head.headers, b"".join([c async for c in body])))
                 parser = EventParser()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import os
 import ssl
 import time
@@ -13,7 +12,7 @@ from typing import Any, TypeVar
 from atefleet.client import _api
 from atefleet.client._sync_http import SyncTransport
 from atefleet.client._tools import ToolMethods
-from atefleet.client._wire import Request, Response
+from atefleet.client._wire import Response
 from atefleet.client.errors import TRANSPORT_FAILURES, JobNotFinished, transport_error
 from atefleet.client.models import Environment, Job, OutputChunk, SessionInfo, ToolResult
 from atefleet.client.sse import EventParser
@@ -37,8 +36,8 @@ class Client:
     def __init__(self, base_url: str | None = None, token: str | None = None, *,
                  tls: ssl.SSLContext | None = None, **options: Any) -> None:
         self.settings = settings_from_env(base_url, token, **options)
-        self._headers = self.settings.headers()
-        self._transport = SyncTransport(self.settings.base_url, tls, self.settings.connect_timeout_s)
+        self._transport = SyncTransport(self.settings.base_url, self.settings.headers(), tls,
+                                        self.settings.connect_timeout_s)
 
     def __enter__(self) -> Client:
         return self
@@ -50,12 +49,9 @@ class Client:
         self._transport.close()
 
     # ---- sending ---------------------------------------------------------------------------
-    def _prepare(self, request: Request) -> Request:
-        return dataclasses.replace(request, headers={**self._headers, **request.headers})
-
     def _send(self, op: _api.Op[Any], timeout_s: float | None = None) -> Response:
         """The answer to `op`, retried (same Idempotency-Key) on 429/503 and lost connections."""
-        request, attempt = self._prepare(op.request), 0
+        request, attempt = op.request, 0
         while True:
             attempt += 1
             try:
@@ -167,7 +163,7 @@ class Client:
         while True:
             try:
                 head, body = self._transport.stream(
-                    self._prepare(_api.events_request(job_id, last_id)), STREAM_IDLE_TIMEOUT_S)
+                    _api.events_request(job_id, last_id), STREAM_IDLE_TIMEOUT_S)
                 if head.status >= 400:
                     _api.raise_problem(Response(head.status, head.headers, b"".join(body)))
                 parser = EventParser()
