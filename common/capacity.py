@@ -86,7 +86,7 @@ class Capacity:
     async def turn(self, session: str) -> Turn:
         """Join the wait queue (or keep the place), and maybe get a session to park (see the script)."""
         rank, park = await self._turn(args=[
-            session, now_ms(), int(self.config.workers.min_idle_s * 1000), PARK_LAPSE_MS,
+            session, now_ms(), int(self.config.workers.min_idle_s * 1000), PARK_LAPSE_MS, 2 * ADMIT_WINDOW,
             *self._background_ok])
         return Turn(int(rank), text(park) or None)
 

@@ -22,7 +22,15 @@ from common.config import Config, Environment
 from common.guest_client import GuestClient, GuestError
 from common.metrics import LIFECYCLE_LATENCY, PARKS
 from common.problem_types import problem_body
-from common.queue import JobContext, JobFailed, JobKind, NewJob, RetryLater, split_session
+from common.queue import (
+    JobCancelled,
+    JobContext,
+    JobFailed,
+    JobKind,
+    NewJob,
+    RetryLater,
+    split_session,
+)
 from common.routing import GuestRouter
 from common.substrate import (
     Actor,
@@ -243,6 +251,8 @@ class ActorKeeper:
         waiting = await self.capacity.waiting() > 0 and self._wait_begins()
         try:
             while True:
+                if ctx.cancel_requested:
+                    raise JobCancelled("cancelled while waiting for a Substrate worker")
                 turn = await self.capacity.turn(session) if waiting else None
                 if turn is not None and turn.park is not None:
                     await self._request_park(ctx, turn.park)

@@ -1,0 +1,117 @@
+"""The capacity indexes and the turn script (common.capacity, capacity_turn.lua) on the real Redis:
+the fair wait queue, which running session a waiter parks, and the view GET /v1/capacity answers."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis.asyncio as aioredis
+
+from common.capacity import ADMIT_WINDOW, Capacity, SuspendedBy
+from common.config import Config, parse_config
+from common.queue.keys import Keys
+
+ENV = "cap-env"
+BG_ENV = "bg-env"  # suspend_with_background: its background processes do not stop a park
+
+
+@pytest.fixture
+def config() -> Config:
+    return parse_config({
+        "environments": [{"name": ENV}, {"name": BG_ENV, "suspend_with_background": True}],
+        "workers": {"min_idle_s": 1.0},
+    })
+
+
+@pytest.fixture
+def capacity(redis_client: aioredis.Redis, config: Config) -> Capacity:
+    return Capacity(redis_client, config)
+
+
+async def _running(redis: aioredis.Redis, session: str, idle_s: float, background: bool = False) -> None:
+    """A session the fleet resumed, last active `idle_s` ago."""
+    keys = Keys("af:")
+    await redis.hset(keys.session(session), mapping={  # type: ignore[misc]
+        "state": "running", "last_activity": str(time.time() - idle_s),
+        "background_processes": json.dumps([{"pid": 1}] if background else [])})
+    await redis.zadd(keys.running, {session: 1})
+
+
+async def _lease(redis: aioredis.Redis, session: str) -> None:
+    await redis.set(Keys("af:").lease(session), "w:1", px=60_000)
+
+
+async def test_waiters_queue_first_come_first_served(redis_client: aioredis.Redis,
+                                                      capacity: Capacity) -> None:
+    # given three resumes waiting in turn (each holds its session's lease, as a worker's turn does)
+    for s in ("e/a", "e/b", "e/c"):
+        await _lease(redis_client, s)
+    ranks = [(await capacity.turn(s)).rank for s in ("e/a", "e/b", "e/c")]
+    # then their places are the order they came in, and asking again keeps a place
+    assert ranks == [0, 1, 2]
+    assert (await capacity.turn("e/b")).rank == 1
+    assert await capacity.position("e/c") is not None and (await capacity.position("e/c") or (0, 0))[0] == 2
+    # when the first leaves (it got a worker), then everyone moves up
+    await capacity.resumed("e/a")
+    assert (await capacity.turn("e/c")).rank == 1
+    assert await capacity.position("e/a") is None
+
+
+async def test_a_waiter_without_a_lease_does_not_hold_up_the_line(redis_client: aioredis.Redis,
+                                                                   capacity: Capacity) -> None:
+    # given a waiter at the front whose worker died (no lease any more)
+    await _lease(redis_client, "e/dead")
+    assert (await capacity.turn("e/dead")).rank == 0
+    await redis_client.delete(Keys("af:").lease("e/dead"))
+    # when another resume takes its turn, then it is first in line and admitted
+    await _lease(redis_client, "e/live")
+    turn = await capacity.turn("e/live")
+    assert turn.rank == 0 and turn.admitted
+    assert await capacity.position("e/dead") is None
+
+
+async def test_the_session_idle_longest_is_parked(redis_client: aioredis.Redis, capacity: Capacity) -> None:
+    # given running sessions: idle long, idle longer but busy (leased), with a queued job, with a
+    # background process, active just now, and idle long in an environment allowing background ones
+    await _running(redis_client, f"{ENV}/idle", idle_s=30)
+    await _running(redis_client, f"{ENV}/leased", idle_s=300)
+    await _lease(redis_client, f"{ENV}/leased")
+    await _running(redis_client, f"{ENV}/queued", idle_s=300)
+    await redis_client.rpush(Keys("af:").fifo(f"{ENV}/queued"), "job-1")
+    await _running(redis_client, f"{ENV}/background", idle_s=300, background=True)
+    await _running(redis_client, f"{ENV}/active", idle_s=0.1)
+    await _running(redis_client, f"{BG_ENV}/background-ok", idle_s=60, background=True)
+    # when resumes wait for a worker, then each gets one park, idle longest first among the
+    # eligible, and none is picked twice
+    picks = []
+    for waiter in ("w/1", "w/2", "w/3"):
+        await _lease(redis_client, waiter)
+        picks.append((await capacity.turn(waiter)).park)
+    assert picks == [f"{BG_ENV}/background-ok", f"{ENV}/idle", None]
+    # and asking again while its park is in flight asks for no other
+    assert (await capacity.turn("w/1")).park is None
+    # when a park ends, then it is no longer in flight and it counts as parked
+    await capacity.park_finished(f"{ENV}/idle")
+    await capacity.suspended(f"{ENV}/idle", SuspendedBy.PRESSURE, "job-park")
+    view = await capacity.view()
+    assert view["parks"] == {"in_flight": 1, "per_minute": 1}
+    assert view["sessions"]["parked"] == 1 and view["sessions"]["waiting"] == 3
+
+
+async def test_a_session_no_longer_running_is_dropped_from_the_candidates(redis_client: aioredis.Redis,
+                                                                          capacity: Capacity) -> None:
+    await _running(redis_client, f"{ENV}/gone", idle_s=30)
+    await redis_client.hset(Keys("af:").session(f"{ENV}/gone"), "state", "lost")  # type: ignore[misc]
+    await _lease(redis_client, "w/1")
+    assert (await capacity.turn("w/1")).park is None
+    assert await redis_client.zcard(Keys("af:").running) == 0
+
+
+async def test_view_before_any_worker_count(capacity: Capacity) -> None:
+    view = await capacity.view()
+    assert view["workers"] == {"total": None, "busy": None, "free": None, "observed_at_ms": None}
+    assert view["wait_queue"] == {"length": 0, "oldest_wait_s": 0.0, "admit_window": ADMIT_WINDOW}
+    await capacity.publish_workers(8, 5)
+    assert (await capacity.view())["workers"]["free"] == 3
