@@ -122,6 +122,16 @@ def test_login_is_required_and_needs_the_admin_scope(browser: Any, ui_fleet: Run
     context.close()
 
 
+def test_the_login_cookie_is_http_only_strict_and_scoped_to_the_ui(ui_fleet: RunningFleet) -> None:
+    with httpx.Client(base_url=ui_fleet.url) as client:
+        answer = client.post("/ui/login", data={"token": KEY_ADMIN})
+        refused = client.post("/ui/login", data={"token": KEY_TENANT})
+    assert answer.status_code == 303 and answer.headers["location"] == "/ui"
+    cookie = answer.headers["set-cookie"].lower()
+    assert "httponly" in cookie and "samesite=strict" in cookie and "path=/ui" in cookie
+    assert refused.status_code == 403 and "set-cookie" not in refused.headers
+
+
 def test_actions_need_the_csrf_token(ui_fleet: RunningFleet) -> None:
     with httpx.Client(base_url=ui_fleet.url, cookies={"atefleet_ui": KEY_ADMIN}) as client:
         for path in ["/ui/dlq/1-0/replay", f"/ui/sessions/{ENV}/x/destroy", "/ui/logout"]:
