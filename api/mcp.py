@@ -12,6 +12,9 @@ lives in one API process, so any process behind a balancer answers any request):
 - skills (when `list_skills` / `activate_skill` are allowed) are MCP prompts: `prompts/list` lists
   the skills, `prompts/get` activates one and answers its instructions.
 
+`?auto_resume=true` on the endpoint's URL sends every call with `auto_resume` (the session is
+resumed for each call and suspended after it), for agents that keep no session lifecycle.
+
 Same bearer auth as the rest of the API: a request without valid credentials is answered 401
 problem+json before the MCP layer sees it, and an unknown environment 404.
 """
@@ -24,6 +27,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs
 
 import mcp_types as types
 from mcp.server.lowlevel.server import Server
@@ -58,6 +62,7 @@ class Target:
     env: str
     sid: str
     headers: dict[str, str]
+    auto_resume: bool
 
 
 class McpEndpoint:
@@ -96,7 +101,9 @@ async def _target(scope: Scope) -> Target:
     fleet.environment(match["env"])
     if not principal.may_use(match["env"], match["sid"]):
         raise Forbidden(f"not allowed to use session {match['sid']!r} of {match['env']!r}")
-    return Target(fleet, match["env"], match["sid"], headers)
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    auto_resume = query.get("auto_resume", ["false"])[-1].lower() in ("true", "1")
+    return Target(fleet, match["env"], match["sid"], headers, auto_resume)
 
 
 def _of(ctx: Any) -> Target:
@@ -134,7 +141,7 @@ def _error_result(problem: dict[str, Any]) -> types.CallToolResult:
 async def run_tool(target: Target, name: str, arguments: dict[str, Any], session: Any) -> dict[str, Any]:
     """The tool's answer, run as an async job through the tool-call route's own function; its
     output reported as progress while it runs. Raises the ApiProblem the route or the job gives."""
-    body = json.dumps({"type": "function_call", "call_id": "mcp",
+    body = json.dumps({"type": "function_call", "call_id": "mcp", "auto_resume": target.auto_resume,
                        "function": {"name": name, "arguments": arguments}})
 
     async def read_body() -> bytes:

@@ -43,6 +43,8 @@ async def test_async_session_and_tools(fleet: RunningFleet) -> None:
         assert (await s.suspend())["status"] == "ok"
         assert (await s.destroy())["status"] == "ok"
         assert isinstance(await client.capacity(), dict)
+        assert (await client.get("/healthz"))["status"] == "ok"
+        assert isinstance([r async for r in client.audit(session=s.sid, page_size=2)], list)
         try:
             await client.job("ffffffffff0-nope")
         except NotFoundError as err:

@@ -148,5 +148,8 @@ def test_problems_raise_their_class(client: Client, session: Session) -> None:
     assert session.suspend(force=True)["status"] == "ok"
 
 
-def test_capacity(client: Client) -> None:
+def test_capacity_audit_and_get(client: Client, session: Session) -> None:
     assert isinstance(client.capacity(), dict)
+    assert client.get("/healthz")["status"] == "ok"
+    records = list(client.audit(session=session.sid, page_size=2))
+    assert all(r.get("session") in (None, session.sid) for r in records)

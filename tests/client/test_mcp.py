@@ -70,6 +70,14 @@ async def test_problems_become_tool_errors(fleet: RunningFleet) -> None:
         assert refused.is_error
 
 
+async def test_auto_resume_endpoint(fleet: RunningFleet) -> None:
+    # Given ?auto_resume=true, a call to a session never resumed resumes it for the call
+    url = f"{fleet.url}/mcp/my-env/mcp-auto-{uuid.uuid4().hex[:8]}?auto_resume=true"
+    async with mcp_client(url) as client:
+        result = await client.call_tool("bash", {"command": "echo woke"})
+        assert not result.is_error and result.content[0].text == "woke\n"  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize("path", ["/mcp/no-such-env/s1", "/mcp/my-env", "/mcp/my-env/bad%20id"])
 def test_bad_targets_are_problems(fleet: RunningFleet, path: str) -> None:
     answer = httpx.post(f"{fleet.url}{path}", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
