@@ -130,7 +130,7 @@ class JobOutput:
 
     def _retry_later(self) -> None:
         """Redis refused or is away: keep what is held and try again later (or at `close`)."""
-        self._streaming = True  # past holding: a late fold would hide output from live readers
+        self._streaming = True  # past holding: later chunks go straight on (after those held)
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(RETRY_S, self._flush_soon)
 
