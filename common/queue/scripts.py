@@ -48,7 +48,7 @@ SCRIPT_NAMES = (
 
 @dataclass(frozen=True)
 class ScriptLimits:
-    """Config values compiled into the scripts (all milliseconds or entry counts)."""
+    """Config values compiled into the scripts (milliseconds, entry counts, bytes)."""
 
     ttl_ms: int  # terminal job records
     end_ttl_ms: int  # an output stream written only to wake a reader blocked on it
