@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from common.actor_names import actor_name
-from common.capacity import Capacity
+from common.capacity import PARKED_STATES, Capacity
 from common.config import Environment
 from common.job_json import rfc3339
 from common.queue import JobState, Queue, session_name
@@ -39,7 +39,7 @@ async def session_view(queue: Queue, env: Environment, sid: str) -> dict[str, An
         "session": sid,
         "owner": info.get("own"),
         "state": state,
-        "suspended_by": (info.get("suspended_by") or None) if state in ("suspended", "suspending") else None,
+        "suspended_by": (info.get("suspended_by") or None) if state in PARKED_STATES else None,
         "capacity_wait": None if waiting is None else {"position": waiting[0], "since": rfc3339(waiting[1])},
         "actor": {"name": info.get("actor") or actor_name(env.name, sid), "atespace": env.atespace},
         "last_activity": rfc3339(_float(info.get("last_activity"))),

@@ -46,6 +46,9 @@ class SuspendedBy(StrEnum):
 
 #: The fleet's own parks: invisible to clients except in latency.
 FLEET_PARKS = frozenset({SuspendedBy.AUTO_RESUME, SuspendedBy.IDLE, SuspendedBy.PRESSURE})
+#: Session states a suspended session is in: parked, being parked (a worker may have died
+#: midway), or being woken (a wake that found no worker in time leaves it "resuming").
+PARKED_STATES = ("suspended", "suspending", "resuming")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from common.capacity import Capacity
+from common.capacity import PARKED_STATES, Capacity
 from common.config import Config
 from common.metrics import QUEUE_DEPTH, SESSIONS_BY_STATE
 from common.queue import JobKind, NewJob, Queue
@@ -28,9 +28,6 @@ from reconciler.store import ReconcilerStore, SessionRow
 
 #: Principal recorded on the jobs the reconciler enqueues.
 PRINCIPAL = "reconciler"
-
-#: Session states of a parked session (one whose park a dead worker left midway included).
-_PARKED_STATES = ("suspended", "suspending")
 
 #: Session states the gauge always reports (0 when none), so a state that empties shows 0.
 SESSION_STATES = ("new", "resuming", "running", "suspending", "suspended", "destroying", "destroyed", "lost")
@@ -67,7 +64,7 @@ class IdlePass:
                 idle = [r for r in rows if self._due(r, env.idle_timeout_s, now, asked)]
                 await self._ask(idle, env.idle_timeout_s, now, asked)
                 report.repaired("idle_suspend_requested", len(idle))
-                await self.capacity.forget(*(r.session for r in rows if r.state not in _PARKED_STATES))
+                await self.capacity.forget(*(r.session for r in rows if r.state not in PARKED_STATES))
         # Only sessions still idle stay remembered: the memo is bounded by the idle sessions.
         self._asked = asked
         for state in {*SESSION_STATES, *states}:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.actor_names import actor_name
-from common.capacity import ADMIT_WINDOW, FLEET_PARKS, Capacity, SuspendedBy, Turn
+from common.capacity import ADMIT_WINDOW, FLEET_PARKS, PARKED_STATES, Capacity, SuspendedBy, Turn
 from common.config import Config, Environment
 from common.guest_client import GuestClient, GuestError
 from common.metrics import LIFECYCLE_LATENCY, PARKS
@@ -331,10 +331,11 @@ class ActorKeeper:
             return guest
         if not auto_resume:
             # The fleet's own parks (idle, pressure, after an auto_resume call) are woken by the
-            # next call; only a session its client suspended (or never resumed) answers 409.
+            # next call, also after a wake that failed ("resuming": no worker came free in time);
+            # only a session its client suspended (or never resumed) answers 409.
             info = await ctx.session()
             state = info.get("state", "new")
-            if state not in ("suspended", "suspending") or info.get("suspended_by") not in FLEET_PARKS:
+            if state not in PARKED_STATES or info.get("suspended_by") not in FLEET_PARKS:
                 raise session_not_running(ctx.job.environment, ctx.job.session_id,
                                           "suspended" if state == "running" else state)
         await self.resume(ctx)
@@ -426,6 +427,10 @@ class ActorKeeper:
             if actor is not None and actor.status in (ActorStatus.RESUMING, ActorStatus.SUSPENDING):
                 return RetryLater(f"substrate: operation failed midway, actor {actor.status.value}: {err}")
         return _infra(err)
+
+
+#: Session states a fleet park can leave (`suspended_by` says whether the fleet parked it).
+_PARKED_STATES = ("suspended", "suspending", "resuming")
 
 
 def _poll_s(turn: Turn) -> float:
