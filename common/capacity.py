@@ -86,11 +86,13 @@ class Capacity:
         """Resumes waiting for a worker now, fleet-wide."""
         return int(await self.redis.zcard(self.keys.capacity_wait))
 
-    async def turn(self, session: str) -> Turn:
-        """Join the wait queue (or keep the place), and maybe get a session to park (see the script)."""
+    async def turn(self, session: str, since_ms: int | None = None) -> Turn:
+        """Join the wait queue at `since_ms` (when the waiting job was created: first come, first
+        served; now by default), or keep the place; maybe get a session to park (see the script)."""
+        now = now_ms()
         rank, park = await self._turn(args=[
-            session, now_ms(), int(self.config.workers.min_idle_s * 1000), PARK_LAPSE_MS, 2 * ADMIT_WINDOW,
-            *self._background_ok])
+            session, now, since_ms or now, int(self.config.workers.min_idle_s * 1000), PARK_LAPSE_MS,
+            2 * ADMIT_WINDOW, *self._background_ok])
         return Turn(int(rank), text(park) or None)
 
     async def position(self, session: str) -> tuple[int, float] | None:

@@ -247,13 +247,15 @@ class ActorKeeper:
         the one who waited longest, not to whoever asks next.
         """
         session = ctx.job.session
+        # The job's creation time is its place in line: a re-run after its worker died keeps it.
+        since_ms = int((ctx.job.created_at or time.time()) * 1000)
         deadline = time.monotonic() + self.config.workers.capacity_wait_s
         waiting = await self.capacity.waiting() > 0 and self._wait_begins()
         try:
             while True:
                 if ctx.cancel_requested:
                     raise JobCancelled("cancelled while waiting for a Substrate worker")
-                turn = await self.capacity.turn(session) if waiting else None
+                turn = await self.capacity.turn(session, since_ms) if waiting else None
                 if turn is not None and turn.park is not None:
                     await self._request_park(ctx, turn.park)
                 if turn is None or turn.admitted:

@@ -4,10 +4,11 @@
 -- owner, idle at least the minimum, and no background process unless its environment allows
 -- suspending them. The pick is marked in flight, so no other waiter picks it too.
 --
--- ARGV[1] waiting session   ARGV[2] now_ms   ARGV[3] minimum idle ms
--- ARGV[4] ms after which a park in flight is forgotten (its job died with its worker and is
---         re-run by queue repair; the waiter may pick another)
--- ARGV[5] how many waiters at the front are checked for a lease   ARGV[6..] environments whose
+-- ARGV[1] waiting session   ARGV[2] now_ms   ARGV[3] its place: unix ms its job was created (a
+--         re-run of the job after its worker died takes the same place again)
+-- ARGV[4] minimum idle ms   ARGV[5] ms after which a park in flight is forgotten (its job died
+--         with its worker and is re-run by queue repair; the waiter may pick another)
+-- ARGV[6] how many waiters at the front are checked for a lease   ARGV[7..] environments whose
 --         sessions may be parked while background processes run
 -- Returns {rank (0 = first in line), session to park or ''}
 -- Touches: capacity:wait, capacity:parking, running; reads lease:{s} of the first waiters, and
@@ -15,17 +16,17 @@
 
 local me, now = ARGV[1], tonumber(ARGV[2])
 -- A waiting resume holds its session's lease; one at the front without it died with its worker
--- (its job's re-run takes a place again) or was cancelled: it must not hold up the line.
-for _, s in ipairs(redis.call('ZRANGE', K_CAPACITY_WAIT, 0, tonumber(ARGV[5]) - 1)) do
+-- (its job's re-run takes its place again) or was cancelled: it must not hold up the line.
+for _, s in ipairs(redis.call('ZRANGE', K_CAPACITY_WAIT, 0, tonumber(ARGV[6]) - 1)) do
   if s ~= me and redis.call('EXISTS', lease_key(s)) == 0 then redis.call('ZREM', K_CAPACITY_WAIT, s) end
 end
-redis.call('ZADD', K_CAPACITY_WAIT, 'NX', now, me)
+redis.call('ZADD', K_CAPACITY_WAIT, 'NX', tonumber(ARGV[3]), me)
 local rank = redis.call('ZRANK', K_CAPACITY_WAIT, me)
-redis.call('ZREMRANGEBYSCORE', K_PARKING, '-inf', now - tonumber(ARGV[4]))
+redis.call('ZREMRANGEBYSCORE', K_PARKING, '-inf', now - tonumber(ARGV[5]))
 if redis.call('ZCARD', K_PARKING) > rank then return {rank, ''} end
 local background_ok = {}
-for i = 6, #ARGV do background_ok[ARGV[i]] = true end
-local min_idle = tonumber(ARGV[3])
+for i = 7, #ARGV do background_ok[ARGV[i]] = true end
+local min_idle = tonumber(ARGV[4])
 local best, best_at = '', nil
 for _, s in ipairs(redis.call('ZRANGE', K_RUNNING, 0, -1)) do
   local f = redis.call('HMGET', sess_key(s), 'state', 'last_activity', 'background_processes')

@@ -59,6 +59,18 @@ async def test_waiters_queue_first_come_first_served(redis_client: aioredis.Redi
     assert await capacity.position("e/a") is None
 
 
+async def test_a_place_is_the_waiting_jobs_creation_time(redis_client: aioredis.Redis,
+                                                          capacity: Capacity) -> None:
+    # given a waiter whose job was created at t=2000 ms
+    for s in ("e/later", "e/earlier"):
+        await _lease(redis_client, s)
+    assert (await capacity.turn("e/later", since_ms=2000)).rank == 0
+    # when a job created before it (at t=1000 ms) waits too (say, re-run after its worker died),
+    # then that one is first in line
+    assert (await capacity.turn("e/earlier", since_ms=1000)).rank == 0
+    assert (await capacity.turn("e/later", since_ms=2000)).rank == 1
+
+
 async def test_a_waiter_without_a_lease_does_not_hold_up_the_line(redis_client: aioredis.Redis,
                                                                    capacity: Capacity) -> None:
     # given a waiter at the front whose worker died (no lease any more)
