@@ -62,13 +62,19 @@ def _lock_state_dir(root: Path) -> TextIO:
 
 def read_or_make_token(path: Path) -> str:
     """The gRPC credential: made once (0600, only the fleet's user can read it), then reused so
-    running clients keep working across restarts."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return path.read_text().strip()
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_urlsafe(32))
+    running clients keep working across restarts. Written whole to a temporary file and linked
+    into place, so a crash never leaves an empty token behind."""
+    if not path.exists():
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32))
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another start won the race: its token stands
+        finally:
+            tmp.unlink()
     return path.read_text().strip()
 
 
