@@ -3,9 +3,10 @@
     actors.db                 sqlite: actors and atespaces (store.py)
     status.json               written once serving: address, sandbox level, slots, pid
     lock                      flock held by the serving process (one server per state dir)
-    snapshots/<actor_id>/     workspace snapshots, <seq>.tar.zst (snapshots.py)
-    golden/                   one baked snapshot per template setup (golden.py)
-    slots/<slot>/             a slot's live dirs: workspace/, state/, tmp/, root/ (unshare mount point)
+    snapshots/<actor_id>/     the actor's latest snapshot, <seq>.tar.zst (snapshots.py)
+    golden/                   one baked snapshot per template, of its current setup (golden.py)
+    slots/<slot>/             a slot's live dirs: workspace/, state/, tmp/ (level none's /tmp),
+                              root/ (unshare mount point), trash/ (its last reset's leftovers)
     sock/<slot>/<uid>.sock    a guest incarnation's unix socket, bound here, passed in as an fd
     sandbox-etc/              the sandboxes' generated /etc/passwd and /etc/group
     token                     the credential gRPC callers must present (0600; server.py)
@@ -13,8 +14,8 @@
     empty/                    an empty dir mounted where a template has no skills
     logs/<slot>.log           the sandbox's stdout/stderr (host side only)
 
-Nothing here is visible inside a sandbox except the one slot's workspace/, state/ and tmp/
-(and sandbox-etc/'s two files, read-only).
+Nothing here is visible inside a sandbox except the one slot's workspace/ and state/ (and
+sandbox-etc/'s two files, read-only).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ def uid_block(root: Path) -> int:
     return UID_FIRST + (digest % UID_BLOCKS) * UID_BLOCK
 
 
-#: The dirs of a slot that a sandbox sees writable (`sock` lives apart: see layout.py).
+#: The dirs of a slot that a sandbox sees writable (tmp/ only at level none; `sock` lives apart).
 SLOT_DIRS = ("workspace", "state", "tmp")
 
 
