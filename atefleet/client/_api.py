@@ -47,7 +47,7 @@ class Settings:
         return headers
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Op(Generic[T]):
     """One API operation: the request, and what a 2xx answer's JSON becomes."""
 
@@ -227,6 +227,17 @@ def get_op(path: str, params: Mapping[str, Any] | None = None) -> Op[Any]:
 def audit_op(filters: Mapping[str, str], cursor: str, limit: int) -> Op[dict[str, Any]]:
     params = {**{k: v for k, v in filters.items() if v}, "cursor": cursor or None, "limit": limit}
     return Op(Request("GET", "/v1/audit", params=params), _raw)
+
+
+def dlq_page_op(cursor: str, limit: int) -> Op[dict[str, Any]]:
+    """`GET /v1/dlq`: dead-lettered jobs, newest first (admin scope)."""
+    return Op(Request("GET", "/v1/dlq", params={"cursor": cursor or None, "limit": limit}), _raw)
+
+
+def dlq_entry_op(method: str, entry_id: str, action: str = "") -> Op[Any]:
+    """One DLQ entry: GET shows it, POST `replay` re-enqueues its job (the job's JSON), DELETE drops it."""
+    path = f"/v1/dlq/{quote(entry_id, safe='')}" + (f"/{action}" if action else "")
+    return Op(Request(method, path), _identity)
 
 
 def tool_result(answer: Any) -> ToolResult:

@@ -32,6 +32,12 @@ class _Conn:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.parser = ResponseParser()
+        self.timeout_s: float | None = None
+
+    def set_timeout(self, timeout_s: float) -> None:
+        if timeout_s != self.timeout_s:  # a syscall saved on the common path (same timeout)
+            self.sock.settimeout(timeout_s)
+            self.timeout_s = timeout_s
 
     def read_some(self) -> None:
         """One read from the socket into the parser (TimeoutError when none comes in time)."""
@@ -82,7 +88,7 @@ class SyncTransport:
             kept = self._take()
             conn = kept or self._connect()
             try:
-                conn.sock.settimeout(timeout_s)
+                conn.set_timeout(timeout_s)
                 conn.parser.reset()
                 conn.sock.sendall(data)
                 while not conn.parser.head_done:

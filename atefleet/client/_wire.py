@@ -22,7 +22,7 @@ class ProtocolError(Exception):
     """The API answered something that is not a well-formed HTTP/1.1 response."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Request:
     """One HTTP request to the API; `headers` by lower-case name, `body` already encoded."""
 
@@ -44,7 +44,7 @@ def _param(value: Any) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Response:
     status: int
     headers: Mapping[str, str]

@@ -93,6 +93,25 @@ class AsyncClient:
             if not cursor or not page["records"]:
                 return
 
+    async def dead_letters(self, *, page_size: int = 100) -> AsyncIterator[dict[str, Any]]:
+        cursor = ""
+        while True:
+            page = await self._do(_api.dlq_page_op(cursor, page_size))
+            for entry in page["entries"]:
+                yield entry
+            cursor = page.get("next_cursor") or ""
+            if not cursor:
+                return
+
+    async def dead_letter(self, entry_id: str) -> dict[str, Any]:
+        return dict(await self._do(_api.dlq_entry_op("GET", entry_id)))
+
+    async def replay(self, entry_id: str) -> Job:
+        return Job.model_validate(await self._do(_api.dlq_entry_op("POST", entry_id, "replay")))
+
+    async def discard(self, entry_id: str) -> None:
+        await self._do(_api.dlq_entry_op("DELETE", entry_id))
+
     # ---- sessions --------------------------------------------------------------------------
     def session(self, env: str, sid: str, *, auto_resume: bool = False,
                 env_variables: Mapping[str, str] | None = None) -> AsyncSession:

@@ -104,6 +104,28 @@ class Client:
             if not cursor or not page["records"]:
                 return
 
+    def dead_letters(self, *, page_size: int = 100) -> Iterator[dict[str, Any]]:
+        """Dead-lettered jobs (`GET /v1/dlq`), newest first (admin scope)."""
+        cursor = ""
+        while True:
+            page = self._do(_api.dlq_page_op(cursor, page_size))
+            yield from page["entries"]
+            cursor = page.get("next_cursor") or ""
+            if not cursor:
+                return
+
+    def dead_letter(self, entry_id: str) -> dict[str, Any]:
+        """One DLQ entry and its job."""
+        return dict(self._do(_api.dlq_entry_op("GET", entry_id)))
+
+    def replay(self, entry_id: str) -> Job:
+        """Re-enqueue a dead letter's job (same id) at its session's tail; the job, queued again."""
+        return Job.model_validate(self._do(_api.dlq_entry_op("POST", entry_id, "replay")))
+
+    def discard(self, entry_id: str) -> None:
+        """Drop a DLQ entry (its failed job stays until it expires)."""
+        self._do(_api.dlq_entry_op("DELETE", entry_id))
+
     # ---- sessions --------------------------------------------------------------------------
     def session(self, env: str, sid: str, *, auto_resume: bool = False,
                 env_variables: Mapping[str, str] | None = None) -> Session:
