@@ -190,6 +190,8 @@ class AsyncClient:
                             return
                         if event.event == "output":
                             yield OutputChunk.model_validate(event.json())
+                # Ended without the result (the API restarted): reopened where it stopped.
+                raise ConnectionResetError("the event stream ended before the job's result")
             except TRANSPORT_FAILURES as err:
                 attempt += 1
                 delay = _api.retry_delay_s(self.settings, attempt, None)

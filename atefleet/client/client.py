@@ -197,14 +197,14 @@ class Client:
                             return
                         if event.event == "output":
                             yield OutputChunk.model_validate(event.json())
+                # Ended without the result (the API restarted): reopened where it stopped.
+                raise ConnectionResetError("the event stream ended before the job's result")
             except TRANSPORT_FAILURES as err:
                 attempt += 1
                 delay = _api.retry_delay_s(self.settings, attempt, None)
                 if delay is None:
                     raise transport_error(err) from err
                 time.sleep(delay)
-                continue
-            # The stream ended without a result (the API restarted): reopen where it stopped.
 
 
 class Session(ToolMethods[ToolResult]):

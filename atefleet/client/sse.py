@@ -22,7 +22,10 @@ class EventParser:
 
     def __init__(self) -> None:
         self._buffer = b""
-        self._event, self._data, self._id = "message", [], None  # type: tuple[str, list[str], str | None]
+        self._event = "message"
+        self._data: list[str] = []
+        #: The last `id:` seen; it carries over to later events, as the SSE spec says.
+        self._id: str | None = None
 
     def feed(self, chunk: bytes) -> list[Event]:
         self._buffer += chunk
