@@ -1,7 +1,9 @@
 """What a tenant can leave in its workspace, done the way a tenant does it (commands through the
 real guest inside the sandbox, at each sandbox level), against snapshot, restore, slot reset,
 quotas and disk retention: the actor still suspends and resumes with its other files, or the
-suspend is refused with a clear error and the actor is back at its last snapshot, slot freed."""
+suspend is refused with a clear error and the actor is back at its last snapshot, slot freed.
+As a normal user (bwrap only) the tenant's mode-000 dirs and files are the fleet's own uid's:
+walks give the owner its bits back instead of failing."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from local_substrate.snapshots import restore_snapshot
 from local_substrate.trees import remove_tree
 from tests.conftest import SANDBOX_LEVELS
 from tests.substrate.conftest import ATESPACE, TEMPLATE, Harness, Start
+
+pytestmark = pytest.mark.non_root
 
 #: A 2,500-level tree: deeper than PATH_MAX as a path, and than Python's recursion limit.
 DEEP = 2500
