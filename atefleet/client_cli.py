@@ -78,6 +78,9 @@ def add_client_commands(sub: Any) -> None:
     for name in ("principal", "session", "since", "until"):
         a.add_argument(f"--{name}", default="")
     a.add_argument("--limit", type=int, default=100)
+    d = command("dlq", _dlq, "dead-lettered jobs: ls, show, replay (admin scope), discard")
+    d.add_argument("action", choices=["ls", "show", "replay", "discard"], nargs="?", default="ls")
+    d.add_argument("entry_id", nargs="?", help="an id from `atefleet dlq ls`")
 
 
 def _session_args(parser: argparse.ArgumentParser) -> None:
@@ -279,6 +282,24 @@ def _tools(client: Client, args: argparse.Namespace) -> int:
 
 def _capacity(client: Client, args: argparse.Namespace) -> int:
     return _show(args, client.capacity())
+
+
+def _dlq(client: Client, args: argparse.Namespace) -> int:
+    if args.action == "ls":
+        entries = list(client.dead_letters())
+        if args.json:
+            _print_json(entries)
+        else:
+            _table(entries, ("id", "job_id", "environment", "session", "reason", "attempts", "dead_at"))
+        return 0
+    if not args.entry_id:
+        raise SystemExit(f"atefleet dlq {args.action}: an entry id is needed (see `atefleet dlq ls`)")
+    if args.action == "show":
+        return _show(args, client.dead_letter(args.entry_id))
+    if args.action == "replay":
+        return _show(args, client.replay(args.entry_id))
+    client.discard(args.entry_id)
+    return _show(args, {"discarded": args.entry_id})
 
 
 def _audit(client: Client, args: argparse.Namespace) -> int:

@@ -1,14 +1,18 @@
-"""`/v1/dlq…` through the real fleet: a job dead-lettered by capacity, listed, inspected, replayed
-(it then succeeds, same job id) and discarded; admins only; bad ids refused."""
+"""`/v1/dlq…` and `atefleet dlq` through the real fleet: a job dead-lettered by a stalled Substrate,
+listed, inspected, replayed (it then succeeds, same job id) and discarded; admins only; bad ids
+refused."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from typing import Any
 
 import httpx
 
 from tests.e2e.conftest import RunningFleet
-from tests.ui.conftest import KEY_TENANT, dead_letter, wait_for
+from tests.ui.conftest import KEY_ADMIN, KEY_TENANT, dead_letter, wait_for
 
 
 def _entry_of(client: httpx.Client, job_id: str) -> dict[str, Any] | None:
@@ -78,3 +82,22 @@ def test_malformed_entry_ids_and_cursors_are_refused(admin: httpx.Client) -> Non
             assert answer.headers["content-type"] == "application/problem+json"
         assert admin.get("/v1/dlq", params={"cursor": bad}).status_code == 400
     assert admin.get("/v1/dlq", params={"limit": 0}).status_code == 422
+
+
+def _cli(fleet: RunningFleet, *args: str) -> Any:
+    done = subprocess.run([sys.executable, "-m", "atefleet", *args, "--json", "--api-url", fleet.url,
+                           "--token", KEY_ADMIN], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_the_cli_lists_shows_and_replays_a_dead_letter(ui_fleet: RunningFleet, admin: httpx.Client) -> None:
+    failed = dead_letter(admin, ui_fleet, "dlq-cli", "echo via-cli")
+    entry = next(e for e in _cli(ui_fleet, "dlq", "ls") if e["job_id"] == failed["id"])
+    assert _cli(ui_fleet, "dlq", "show", entry["id"])["job"]["state"] == "failed"
+
+    replayed = _cli(ui_fleet, "dlq", "replay", entry["id"])
+
+    assert replayed["id"] == failed["id"] and replayed["state"] in ("queued", "running", "succeeded")
+    done = admin.get(f"/v1/jobs/{failed['id']}", params={"wait": 60}).json()
+    assert done["state"] == "succeeded" and "via-cli" in done["result"]["output"]
