@@ -10,7 +10,7 @@
    (high enough not to refuse): bench/e2e.py's and bench/async.py's phases, unchanged but for the
    bearer token each request carries. Compare with their runs without tenancy (README, Performance).
 
-    .venv/bin/python bench/tenancy.py [--skip-fleet] [--api-calls 2000]
+    .venv/bin/python bench/tenancy.py [--skip-fleet | --latency-only] [--api-calls 2000]
         [--n 300] [--sessions 100] [--calls 20] [--jobs 50]
 
 The last line is one JSON object of figures.
@@ -181,9 +181,21 @@ def with_tenancy() -> None:
     httpx.AsyncClient = _AuthorizedClient  # type: ignore[misc]
 
 
+async def sync_latency(n: int) -> dict[str, float]:
+    """bench/e2e.py's latency phase (sync `bash true` and `read_file` on one session, next to a
+    direct guest): p50s in ms, of the fleet as it stands (with or without `with_tenancy`)."""
+    with e2e.running_fleet("bench-tenancy-") as fleet, tempfile.TemporaryDirectory() as tmp:
+        with e2e.standalone_guest(Path(tmp)) as guest_sock:
+            lat = await e2e.latency(fleet, guest_sock, n)
+    return {"bash_p50_ms": e2e.p50(lat["fleet_bash"]), "read_p50_ms": e2e.p50(lat["fleet_read"]),
+            "bash_overhead_p50_ms": e2e.p50(lat["fleet_bash"]) - e2e.p50(lat["guest_bash"])}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--skip-fleet", action="store_true", help="only the in-process policy figures")
+    parser.add_argument("--skip-fleet", action="store_true", help="only the in-process figures")
+    parser.add_argument("--latency-only", action="store_true",
+                        help="of the fleet, only the sync latency phase, without then with tenancy")
     parser.add_argument("--api-calls", type=int, default=2000, help="submits per variant, per round")
     parser.add_argument("--n", type=int, default=300)
     parser.add_argument("--sessions", type=int, default=100)
@@ -199,7 +211,11 @@ def main() -> None:
         print(f"async submit, {side} CPU µs per call, each step adding to the previous: " + ", ".join(
             f"{k.split('_')[2]} {v:.1f}" for k, v in api.items() if k.startswith(side)))
     figures.update(api)
-    if not args.skip_fleet:
+    if args.latency_only:  # the sync latency phase without, then with tenancy (fewer resumes)
+        figures.update({f"sync_off_{k}": v for k, v in asyncio.run(sync_latency(args.n)).items()})
+        with_tenancy()
+        figures.update({f"sync_on_{k}": v for k, v in asyncio.run(sync_latency(args.n)).items()})
+    elif not args.skip_fleet:
         with_tenancy()
         sync = asyncio.run(e2e.run(args))
         figures.update({f"sync_{k}": v for k, v in sync.items()})
