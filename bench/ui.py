@@ -8,7 +8,9 @@
 2. `--viewer`: the fleet as bench/async.py starts it; its submit phase (100 sessions × 50 async
    `read_file` calls) runs `--pairs` times without and with one viewer (the overview's live
    stream plus a running job's page stream), interleaved; the throughput ratio is the cost
-   (target ≤ 2%).
+   (target ≤ 2%). First, with the fleet idle, the API's CPU per second is sampled for `--idle-s`
+   without and with the overview open: the viewer's own CPU cost, which machine load does not
+   blur (`--pairs 0` measures only this).
 
     .venv/bin/python bench/ui.py [--sessions 10000] [--jobs 100000] [--rounds 20]
     .venv/bin/python bench/ui.py --viewer [--pairs 3] [--viewer-sessions 100] [--jobs 50]
@@ -187,8 +189,8 @@ def pages_bench(args: argparse.Namespace) -> dict[str, float]:
 # --viewer: what one open UI costs the fleet
 
 
-async def _view(url: str, stop: asyncio.Event, job_path: str) -> int:
-    """Hold the overview's live stream and a job page's stream open until `stop`; events seen."""
+async def _view(url: str, stop: asyncio.Event, job_path: str | None) -> int:
+    """Hold the overview's live stream (and a job page's, when given) open until `stop`; events seen."""
     seen = 0
     async with httpx.AsyncClient(base_url=url, timeout=None) as client:
 
@@ -198,7 +200,8 @@ async def _view(url: str, stop: asyncio.Event, job_path: str) -> int:
                 async for line in answer.aiter_lines():
                     seen += line.startswith("event:")
 
-        tasks = [asyncio.create_task(follow("/ui/overview/live")), asyncio.create_task(follow(job_path))]
+        paths = ["/ui/overview/live", *([job_path] if job_path else [])]
+        tasks = [asyncio.create_task(follow(path)) for path in paths]
         await stop.wait()
         for task in tasks:
             task.cancel()
@@ -206,37 +209,76 @@ async def _view(url: str, stop: asyncio.Event, job_path: str) -> int:
     return seen
 
 
+async def _resume_all(url: str, paths: list[str]) -> None:
+    """Resume every session asynchronously and wait for each (a loaded machine outlasts a sync wait)."""
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+
+        async def one(path: str) -> None:
+            job = (await client.post(f"{path}/resume", headers={"Prefer": "respond-async"})).json()
+            while job["state"] in ("queued", "running"):
+                job = (await client.get(f"/v1/jobs/{job['id']}", params={"wait": 30})).json()
+            if job["state"] != "succeeded":
+                raise RuntimeError(f"resume {path}: {job}")
+
+        await asyncio.gather(*(one(p) for p in paths))
+
+
+async def _viewer_cpu(fleet: Any, e2e: Any, job_stream: str | None, seconds: float) -> dict[str, float]:
+    """API CPU per second of an idle fleet without, then with, one viewer: what watching costs,
+    in a figure that does not depend on the machine's load the way throughput does."""
+    figures: dict[str, float] = {}
+    for viewing in (False, True):
+        stop = asyncio.Event()
+        viewer = asyncio.create_task(_view(fleet.url, stop, job_stream)) if viewing else None
+        await asyncio.sleep(1.0)  # the streams are open and past their first answer
+        cpu0 = e2e.cpu_by_role(fleet.process.pid)
+        await asyncio.sleep(seconds)
+        cpu1 = e2e.cpu_by_role(fleet.process.pid)
+        stop.set()
+        if viewer is not None:
+            await viewer
+        ms = (cpu1.get("api", 0.0) - cpu0.get("api", 0.0)) * 1000 / seconds
+        figures[f"idle_api_cpu_ms_per_s{'_viewer' if viewing else ''}"] = ms
+    cost = figures["idle_api_cpu_ms_per_s_viewer"] - figures["idle_api_cpu_ms_per_s"]
+    figures["viewer_api_cpu_ms_per_s"] = cost
+    print(f"idle fleet, API CPU: {figures['idle_api_cpu_ms_per_s']:.2f} ms/s without a viewer, "
+          f"{figures['idle_api_cpu_ms_per_s_viewer']:.2f} ms/s with one: the viewer costs {cost:.2f} ms of "
+          f"API CPU per second ({cost / 10:.2f}% of one core)")
+    return figures
+
+
 async def viewer_bench(args: argparse.Namespace) -> dict[str, float]:
     bench_async = importlib.import_module("bench.async")
     e2e = importlib.import_module("bench.e2e")
     with e2e.running_fleet("bench-ui-viewer-") as fleet:
-        sids = [f"uv-{i}-{uuid.uuid4().hex[:8]}" for i in range(args.sessions_viewer)]
-        await e2e.resume_all(fleet, sids)
-        await bench_async.throughput(fleet, sids, 1, e2e.WRITE_SMALL)
-        async with httpx.AsyncClient(base_url=fleet.url, timeout=60) as client:
-            long_job = (await client.post(f"{e2e.session_path(sids[0])}", headers={"Prefer": "respond-async"},
-                                          json=e2e.tool_call("bash", {"command": "sleep 3600"}))).json()["id"]
-        results: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
-        for pair in range(args.pairs):
-            for viewing in (False, True) if pair % 2 == 0 else (True, False):
-                stop = asyncio.Event()
-                job_stream = f"/ui/jobs/{long_job}/live"
-                viewer = asyncio.create_task(_view(fleet.url, stop, job_stream)) if viewing else None
-                one = await bench_async.submit_phase(fleet, sids[1:], args.jobs)
-                stop.set()
-                events = await viewer if viewer is not None else 0
-                results[viewing].append(one)
-                print(f"  {'with' if viewing else 'no  '} viewer: submit {one['submit_per_s']:6.0f}/s, "
-                      f"complete {one['per_s']:6.0f}/s"
-                      + (f" ({events} UI events received)" if viewing else ""))
+        figures = await _viewer_cpu(fleet, e2e, None, args.idle_s)
+        if args.pairs:
+            sids = [f"uv-{i}-{uuid.uuid4().hex[:8]}" for i in range(args.sessions_viewer)]
+            await _resume_all(fleet.url, [e2e.session_path(sid) for sid in sids])
+            async with httpx.AsyncClient(base_url=fleet.url, timeout=60) as client:
+                sent = await client.post(e2e.session_path(sids[0]), headers={"Prefer": "respond-async"},
+                                         json=e2e.tool_call("bash", {"command": "sleep 3600"}))
+                long_job = sent.json()["id"]
+            figures.update(await _pairs(fleet, bench_async, sids[1:], f"/ui/jobs/{long_job}/live", args))
+    return figures
+
+
+async def _pairs(fleet: Any, bench_async: Any, sids: list[str], job_stream: str,
+                 args: argparse.Namespace) -> dict[str, float]:
+    """The async submit phase without and with a viewer, interleaved; medians and the cost."""
+    results: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
+    for pair in range(args.pairs):
+        for viewing in (False, True) if pair % 2 == 0 else (True, False):
+            stop = asyncio.Event()
+            viewer = asyncio.create_task(_view(fleet.url, stop, job_stream)) if viewing else None
+            one = await bench_async.submit_phase(fleet, sids, args.jobs)
+            stop.set()
+            events = await viewer if viewer is not None else 0
+            results[viewing].append(one)
+            print(f"  {'with' if viewing else 'no  '} viewer: submit {one['submit_per_s']:6.0f}/s, "
+                  f"complete {one['per_s']:6.0f}/s"
+                  + (f" ({events} UI events received)" if viewing else ""))
     figures: dict[str, float] = {}
-    for role in ("reconciler", "api"):
-        for viewing in (False, True):
-            ms = statistics.median(r["role_cpu_ms"].get(role, 0.0) for r in results[viewing])
-            figures[f"{role}_cpu_ms_per_job{'_viewer' if viewing else ''}"] = ms
-    print(f"CPU per job: reconciler (folds the stats) {figures['reconciler_cpu_ms_per_job']:.3f} ms, "
-          f"api {figures['api_cpu_ms_per_job']:.3f} ms without a viewer, "
-          f"{figures['api_cpu_ms_per_job_viewer']:.3f} ms with one")
     for key in ("submit_per_s", "per_s"):
         base = statistics.median(r[key] for r in results[False])
         viewed = statistics.median(r[key] for r in results[True])
@@ -258,6 +300,7 @@ def main() -> None:
     parser.add_argument("--viewer", action="store_true", help="measure one viewer's cost instead")
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--viewer-sessions", type=int, default=100, help="--viewer: sessions submitting")
+    parser.add_argument("--idle-s", type=float, default=20.0, help="--viewer: seconds of idle CPU sampled")
     args = parser.parse_args()
     if args.viewer:
         args.sessions_viewer = args.viewer_sessions + 1  # the first holds the job page's running job
