@@ -80,7 +80,7 @@ class SandboxSpec:
     tmp: Path
     #: Empty dir used as the unshare level's new root mount point.
     root: Path
-    #: Host dir holding the generated ETC_GENERATED files (see write_etc).
+    #: Host dir mounted read-only as /etc (built by write_etc).
     etc: Path
     #: (host dir, path inside) pairs mounted read-only.
     skills: tuple[tuple[Path, str], ...]
@@ -163,31 +163,34 @@ def _env(v: View) -> dict[str, str]:
 
 
 def write_etc(etc: Path, uids: list[int]) -> None:
-    """Generate the sandbox's passwd and group: root, nobody and one `sandbox` entry per uid
-    (the slot uids, or the fleet's own uid when not root), none of the host's users."""
-    etc.mkdir(parents=True, exist_ok=True)
+    """Build the sandboxes' /etc once per server start: a copy of ETC_ENTRIES (symlinks into the
+    system dirs kept as links) and a generated passwd and group (root, nobody and one `sandbox`
+    entry per uid: the slot uids, or the fleet's own uid when not root; none of the host's users).
+    One read-only bind of this dir costs a sandbox start one mount instead of one per entry."""
+    shutil.rmtree(etc, ignore_errors=True)
+    etc.mkdir(parents=True)
+    etc.chmod(0o755)
+    for name in ETC_ENTRIES:
+        host, copy = Path("/etc", name), etc / name
+        if host.is_symlink() and os.path.realpath(host).startswith("/usr/"):
+            copy.symlink_to(os.readlink(host))
+        elif host.is_dir():
+            shutil.copytree(host, copy, symlinks=True, ignore=_secret_or_unreadable)
+        elif host.is_file() and os.access(host, os.R_OK):
+            shutil.copy2(host, copy)
     users = [(0, "root", "/root"), *((u, "sandbox", WORKSPACE) for u in uids if u), (65534, "nobody", "/")]
     passwd = "".join(f"{name}:x:{u}:{u}::{home}:/bin/sh\n" for u, name, home in users)
     group = "".join(f"{name}:x:{u}:\n" for u, name, _ in users)
-    for name, text in (("passwd", passwd), ("group", group)):
+    for name, text in zip(ETC_GENERATED, (passwd, group), strict=True):
         path = etc / name
         path.write_text(text)
         path.chmod(0o644)
 
 
-def _etc_mounts(spec: SandboxSpec) -> list[tuple[str, str, str]]:
-    """(kind, source, path inside) per /etc entry: "link" keeps a symlink into the system dirs,
-    "file" and "dir" bind the host's read-only; ETC_GENERATED come from `spec.etc`."""
-    out: list[tuple[str, str, str]] = []
-    for name in ETC_ENTRIES:
-        host = Path("/etc", name)
-        if host.is_symlink() and os.path.realpath(host).startswith("/usr/"):
-            out.append(("link", os.readlink(host), str(host)))
-        elif host.is_dir():
-            out.append(("dir", os.path.realpath(host), str(host)))
-        elif host.is_file():
-            out.append(("file", os.path.realpath(host), str(host)))
-    return out + [("file", str(spec.etc / name), f"/etc/{name}") for name in ETC_GENERATED]
+def _secret_or_unreadable(directory: str, names: list[str]) -> set[str]:
+    """What a copy of an /etc dir leaves out: private keys (/etc/ssl/private) and whatever the
+    fleet's user cannot read anyway."""
+    return {n for n in names if n == "private" or not os.access(os.path.join(directory, n), os.R_OK)}
 
 
 def _shm_bytes(lim: TemplateLimits) -> int:
@@ -231,9 +234,7 @@ def bwrap_argv(spec: SandboxSpec, command: list[str]) -> list[str]:
     a += _bwrap_parents([*_python_dirs(), *(i for _, i in _mounted_code()), *(i for _, i in _writable(spec))])
     for d, kind in _system_mounts():
         a += ["--symlink", kind[5:], d] if kind.startswith("link:") else ["--ro-bind", d, d]
-    a += ["--perms", "0755", "--dir", "/etc"]
-    for kind, src, inner in _etc_mounts(spec):
-        a += ["--symlink", src, inner] if kind == "link" else ["--ro-bind", src, inner]
+    a += ["--ro-bind", str(spec.etc), "/etc"]
     for d in _python_dirs():
         a += ["--ro-bind", d, d]
     for host, inner in _mounted_code():
@@ -303,18 +304,13 @@ def unshare_script(spec: SandboxSpec, command: list[str]) -> str:
     # One mkdir for every mount point: each command here is a process spawn on the resume path.
     targets = [d for d, kind in _system_mounts() if kind == "dir"] + _python_dirs()
     targets += [i for _, i in (*_mounted_code(), *_writable(spec))] + [i for _, i in spec.skills]
-    etc = _etc_mounts(spec)
-    targets += [inner for kind, _, inner in etc if kind == "dir"]
     lines.append('cd "$R" && mkdir -p ' + " ".join(q(t.lstrip("/")) for t in targets) + " etc proc dev")
-    files = [inner for kind, _, inner in etc if kind == "file"]
-    lines.append('cd "$R" && touch ' + " ".join(q(t.lstrip("/")) for t in files))
     for d, kind in _system_mounts():
         if kind.startswith("link:"):
             lines.append(f'ln -s {q(kind[5:])} "$R"{q(d)}')
         else:
             lines.append(f"ro {q(d)} {q(d)}")
-    for kind, src, inner in etc:
-        lines.append(f'ln -s {q(src)} "$R"{q(inner)}' if kind == "link" else f"ro {q(src)} {q(inner)}")
+    lines.append(f"ro {q(str(spec.etc))} /etc")
     for d in _python_dirs():
         lines.append(f"ro {q(d)} {q(d)}")
     lines += [f"ro {q(h)} {q(i)}" for h, i in _mounted_code()]
