@@ -8,14 +8,15 @@
     slots/<slot>/             a slot's live dirs: workspace/, state/, tmp/ (level none's /tmp),
                               root/ (unshare mount point), trash/ (its last reset's leftovers)
     sock/<slot>/<uid>.sock    a guest incarnation's unix socket, bound here, passed in as an fd
-    sandbox-etc/              the sandboxes' generated /etc/passwd and /etc/group
+    sandbox-etc/              the sandboxes' /etc: the allowed host entries, copied at start, and a
+                              generated passwd and group (sandbox.write_etc)
     token                     the credential gRPC callers must present (0600; server.py)
     bake/                     scratch dirs of golden-snapshot baking
     empty/                    an empty dir mounted where a template has no skills
     logs/<slot>.log           the sandbox's stdout/stderr (host side only)
 
 Nothing here is visible inside a sandbox except the one slot's workspace/ and state/ (and
-sandbox-etc/'s two files, read-only).
+sandbox-etc/, read-only, as /etc).
 """
 
 from __future__ import annotations
