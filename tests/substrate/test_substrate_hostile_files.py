@@ -258,7 +258,8 @@ async def test_a_restart_deletes_stale_golden_and_orphaned_snapshots(start_subst
 
 def test_an_archive_written_before_this_release_restores_without_its_special_files(tmp_path: Path) -> None:
     """Snapshots made by tarfile's recursive `add` may hold FIFOs, hard links and the part's own
-    dir: they restore (the FIFO left out) instead of failing the resume."""
+    dir: they restore (the FIFO left out) instead of failing the resume. Members that would land
+    outside the slot (`..`, a path through a symlink) are skipped."""
     src = tmp_path / "src" / "workspace"
     src.mkdir(parents=True)
     (src / "a.txt").write_text("a")
@@ -270,12 +271,16 @@ def test_an_archive_written_before_this_release_restores_without_its_special_fil
             tar.add(src, arcname="workspace")
             escape = tarfile.TarInfo("workspace/../../escaped.txt")
             tar.addfile(escape)
+            link = tarfile.TarInfo("workspace/out")
+            link.type, link.linkname = tarfile.SYMTYPE, str(tmp_path)
+            tar.addfile(link)
+            tar.addfile(tarfile.TarInfo("workspace/out/through-link.txt"))
     dest = tmp_path / "slot"
     (dest / "workspace").mkdir(parents=True)
     (dest / "state").mkdir()
     restore_snapshot(
         archive, {"workspace": dest / "workspace", "state": dest / "state"}, os.getuid(), os.getgid()
     )
-    assert sorted(os.listdir(dest / "workspace")) == ["a.txt", "hard.txt"]
+    assert sorted(os.listdir(dest / "workspace")) == ["a.txt", "hard.txt", "out"]
     assert (dest / "workspace" / "hard.txt").read_text() == "a"
-    assert not (tmp_path / "escaped.txt").exists()
+    assert not (tmp_path / "escaped.txt").exists() and not (tmp_path / "through-link.txt").exists()
