@@ -62,7 +62,10 @@ class JsonResponse(Response):
 
 def prefer_wait_s(headers: Mapping[str, str]) -> float | None:
     """`Prefer: wait=N` (RFC 7240 section 4.3): the client wants an answer within N seconds."""
-    for preference in headers.get("prefer", "").split(","):
+    prefer = headers.get("prefer")
+    if not prefer:
+        return None
+    for preference in prefer.split(","):
         name, _, value = preference.split(";", 1)[0].partition("=")
         if name.strip().lower() == "wait":
             seconds = value.strip().strip('"')
@@ -74,11 +77,11 @@ def sync_limit_s(config: Config, headers: Mapping[str, str], job: NewJob) -> flo
     """How long a sync request waits before answering 202: `Prefer: wait=N` when sent, else
     `jobs.sync_wait_s` when set, else as long as the job may take. A seed-shaped tool call thus
     waits for its tool (bounded by the tool's own timeout), as the seed's clients expect."""
-    bound = _job_bound_s(config, job)
     wanted = prefer_wait_s(headers)
-    if wanted is not None:
-        return min(wanted, bound)
-    return config.jobs.sync_wait_s or bound
+    if wanted is None and config.jobs.sync_wait_s:
+        return config.jobs.sync_wait_s
+    bound = _job_bound_s(config, job)
+    return bound if wanted is None else min(wanted, bound)
 
 
 def _job_bound_s(config: Config, job: NewJob) -> float:
