@@ -75,6 +75,7 @@ def test_job_json_has_exactly_the_issue_keys_in_rfc3339() -> None:
         "state": "succeeded",
         "environment": "env",
         "session": "s/1",
+        "principal": "p",
         "created_at": "2023-11-14T22:13:20.000Z",
         "started_at": "2023-11-14T22:13:20.250Z",
         "finished_at": "2023-11-14T22:13:21.500Z",
