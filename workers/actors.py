@@ -431,10 +431,6 @@ class ActorKeeper:
         return _infra(err)
 
 
-#: Session states a fleet park can leave (`suspended_by` says whether the fleet parked it).
-_PARKED_STATES = ("suspended", "suspending", "resuming")
-
-
 def _poll_s(turn: Turn) -> float:
     """How long a waiting resume not yet admitted sleeps before looking again."""
     return min(CAPACITY_POLL_MAX_S, CAPACITY_POLL_S * (1 + turn.rank - ADMIT_WINDOW + 1))

@@ -219,10 +219,10 @@ def test_cli_exec_sessions_and_jobs(fleet: RunningFleet) -> None:
             "/v1/environments/my-env/sessions/cli-1", json=body, headers={"Prefer": "respond-async"}
         ).json()
     shown = subprocess.run(
-        [*cli, "jobs", "show", job["id"]], env=env, capture_output=True, text=True, timeout=60
+        [*cli, "jobs", "show", job["id"], "--json"], env=env, capture_output=True, text=True, timeout=60
     )
     assert json.loads(shown.stdout)["id"] == job["id"]
     sus = subprocess.run(
-        [*cli, "sessions", "suspend", "my-env", "cli-1"], env=env, capture_output=True, text=True, timeout=60
+        [*cli, "suspend", "my-env", "cli-1", "--json"], env=env, capture_output=True, text=True, timeout=60
     )
     assert sus.returncode == 0 and '"ok"' in sus.stdout
