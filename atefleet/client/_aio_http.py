@@ -16,9 +16,8 @@ import asyncio
 import ssl
 from collections.abc import AsyncGenerator, Mapping
 from typing import cast
-from urllib.parse import urlsplit
 
-from atefleet.client._wire import Request, Response, ResponseParser, header_lines, request_bytes
+from atefleet.client._wire import Request, Response, ResponseParser, endpoint, header_lines, request_bytes
 
 #: Idle connections kept per client; more concurrent callers than this open and close extras.
 MAX_IDLE = 256
@@ -120,10 +119,7 @@ class AsyncTransport:
 
     def __init__(self, base_url: str, headers: Mapping[str, str], tls: ssl.SSLContext | None,
                  connect_timeout_s: float) -> None:
-        url = urlsplit(base_url)
-        self._host = url.hostname or "127.0.0.1"
-        self._port = url.port or (443 if url.scheme == "https" else 80)
-        self._tls = (tls or ssl.create_default_context()) if url.scheme == "https" else None
+        self._host, self._port, self._tls = endpoint(base_url, tls)
         self._fixed = header_lines(headers)  # checked once, sent with every request
         self._connect_timeout_s = connect_timeout_s
         self._idle: list[_Conn] = []

@@ -17,9 +17,8 @@ import socket
 import ssl
 import threading
 from collections.abc import Iterator, Mapping
-from urllib.parse import urlsplit
 
-from atefleet.client._wire import Request, Response, ResponseParser, header_lines, request_bytes
+from atefleet.client._wire import Request, Response, ResponseParser, endpoint, header_lines, request_bytes
 
 #: Idle connections kept per client.
 MAX_IDLE = 32
@@ -53,10 +52,7 @@ class SyncTransport:
 
     def __init__(self, base_url: str, headers: Mapping[str, str], tls: ssl.SSLContext | None,
                  connect_timeout_s: float) -> None:
-        url = urlsplit(base_url)
-        self._host = url.hostname or "127.0.0.1"
-        self._port = url.port or (443 if url.scheme == "https" else 80)
-        self._tls = (tls or ssl.create_default_context()) if url.scheme == "https" else None
+        self._host, self._port, self._tls = endpoint(base_url, tls)
         self._fixed = header_lines(headers)  # checked once, sent with every request
         self._connect_timeout_s = connect_timeout_s
         self._idle: list[_Conn] = []

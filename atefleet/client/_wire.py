@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import re
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import httptools
 
@@ -52,6 +53,14 @@ class Response:
 
     def json(self) -> Any:
         return json.loads(self.body) if self.body else None
+
+
+def endpoint(base_url: str, tls: ssl.SSLContext | None) -> tuple[str, int, ssl.SSLContext | None]:
+    """Host, port and TLS context (for https only; the default one unless given) of a base URL."""
+    url = urlsplit(base_url)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    context = (tls or ssl.create_default_context()) if url.scheme == "https" else None
+    return url.hostname or "127.0.0.1", port, context
 
 
 def header_lines(headers: Mapping[str, str]) -> str:
