@@ -15,8 +15,8 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, ResponseError
 
-from common.queue.link import RedisArg, RedisLink
 from common.queue.models import OOM_REPLY, RedisFull
+from common.redis.link import RedisArg, RedisLink
 
 __all__ = ["LuaScript", "RedisArg", "ScriptBatcher"]
 

@@ -24,7 +24,6 @@ from typing import Any, TypeVar
 from common.metrics import JOB_RETRIES, JOBS_FINISHED, Children
 from common.queue.context import Handler, JobContext
 from common.queue.leases import BACKOFF_MAX_S, BACKOFF_MIN_S, LeaseKeeper, Turn
-from common.queue.link import RedisLink
 from common.queue.models import (
     PROBLEM_CANCELLED,
     PROBLEM_INVALID_RESULT,
@@ -38,6 +37,7 @@ from common.queue.models import (
 )
 from common.queue.queue import Queue
 from common.queue.scripts import Handoff
+from common.redis.link import RedisLink
 
 log = logging.getLogger("atefleet.queue.consumer")
 

@@ -19,10 +19,10 @@ from redis.asyncio import Redis
 
 from common.metrics import LEASE_LOSSES
 from common.queue.context import JobContext
-from common.queue.link import RedisLink
 from common.queue.models import TRANSIENT
 from common.queue.queue import Queue
 from common.queue.scripts import Lease
+from common.redis.link import RedisLink
 
 log = logging.getLogger("atefleet.queue.consumer")
 

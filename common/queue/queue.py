@@ -22,7 +22,6 @@ from redis.asyncio import Redis
 
 from common.config import Config, QuotaLimits
 from common.queue.keys import Keys, session_name
-from common.queue.link import RedisLink
 from common.queue.models import (
     PROBLEM_CANCELLED,
     PROBLEM_RETRIES_EXHAUSTED,
@@ -34,6 +33,7 @@ from common.queue.models import (
 )
 from common.queue.output import OutputLimits, fit_result
 from common.queue.scripts import EVENTS_MAXLEN, Handoff, Lease, QueueScripts, ScriptLimits, compact_json
+from common.redis.link import RedisLink
 
 #: Lifetime of an output stream that holds only the end marker (the job wrote no output but a
 #: reader was blocked on it): long enough to wake that reader; later ones see the terminal record.
