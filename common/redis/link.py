@@ -12,25 +12,30 @@ that was a fifth of the API's CPU per call in bench/e2e.py. This link is the min
 `listen()` subscribes to a pub/sub channel the same way, on a connection of its own.
 
 A broken connection fails every command in flight with ConnectionError (callers already retry
-those: the queue's scripts are idempotent or fenced) and the next command reconnects. Connection
-settings (host, port or unix path, TLS, username, password, db) are the redis-py client's own.
+those: the queue's scripts are idempotent or fenced) and the next command reconnects. Everything
+about the connection (address, TLS, credentials, db, timeouts) comes from `RedisSettings`.
+
+Timeouts cost the commands nothing: one watchdog per connection wakes every quarter of
+`socket_timeout` (or every `health_check_interval`), fails the commands in flight with
+TimeoutError once the connection has given no reply for `socket_timeout` (plus a blocking
+command's block time), and PINGs a connection idle for `health_check_interval`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import math
 import socket
-import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import hiredis
-from redis._parsers.base import BaseParser  # redis-py's own error-code mapping (redis pinned < 6)
 from redis.asyncio import Redis
 from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+
+from common.redis.errors import ResponseError, connection_failed, reply_error, timed_out
+from common.redis.settings import DEFAULT_CONNECT_TIMEOUT_S, RedisSettings, TlsSettings
 
 RedisArg = str | int | float | bytes
 
@@ -68,19 +73,23 @@ def _encode_each(args: tuple[RedisArg, ...]) -> bytes:
     return b"".join(parts)
 
 
-def reply_error(message: str) -> ResponseError:
-    """An error reply as redis-py raises it, by its code: NOSCRIPT as NoScriptError, LOADING (a
-    restarted Redis still reading its AOF) as BusyLoadingError, a ConnectionError, so callers
-    retry it like an outage and the API answers 503, not 500."""
-    error: ResponseError = BaseParser.parse_error(message)  # type: ignore[no-untyped-call]
-    return error
+def _is_message(reply: Any) -> bool:
+    return type(reply) is list and len(reply) == 3 and reply[0] == b"message"
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Done callback of a reply nobody awaits (a health check's): its error is not news."""
+    if not future.cancelled():
+        future.exception()
 
 
 class _Protocol(asyncio.Protocol):
-    """The connection: an output buffer flushed once per loop iteration, and the FIFO of the
-    futures awaiting replies. Replies nobody awaits (pub/sub pushes) go to `on_push`."""
+    """The connection: an output buffer flushed once per loop iteration, the FIFO of the futures
+    awaiting replies, and its watchdog (see the module docstring). On a subscribed connection,
+    messages go to `on_push`."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, on_push: Callable[[Any], None] | None = None) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, settings: RedisSettings,
+                 on_push: Callable[[Any], None] | None = None) -> None:
         self._loop = loop
         self._reader = hiredis.Reader(replyError=ResponseError, encoding=None)
         self._waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
@@ -90,6 +99,15 @@ class _Protocol(asyncio.Protocol):
         self.closed = False
         #: Done when the connection is gone.
         self.lost: asyncio.Future[None] = loop.create_future()
+        #: Block time (s) of the blocking command in flight, which the watchdog allows on top.
+        self.blocking_s = 0.0
+        self._timeout_s = settings.timeout_s
+        self._health_s = settings.health_check_interval_s
+        self._tick_s = min(self._health_s or math.inf, (self._timeout_s or math.inf) / 4)
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._reads = 0  # data_received calls: progress, as the watchdog sees it
+        self._reads_seen = 0
+        self._quiet_ticks = 0  # ticks since the connection last received anything
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A write transport whatever its class (uvloop's do not subclass asyncio.Transport).
@@ -98,10 +116,12 @@ class _Protocol(asyncio.Protocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        if self._tick_s != math.inf:
+            self._watchdog = self._loop.call_later(self._tick_s, self._tick)
 
     def send(self, command: bytes) -> asyncio.Future[Any]:
         if self.closed:
-            raise RedisConnectionError("connection to Redis lost")
+            raise connection_failed("connection to Redis lost")
         if not self._out:
             self._loop.call_soon(self._flush)
         self._out.append(command)
@@ -115,12 +135,14 @@ class _Protocol(asyncio.Protocol):
         self._out.clear()
 
     def data_received(self, data: bytes) -> None:
+        self._reads += 1
         self._reader.feed(data)
         while (reply := self._reader.gets()) is not False:
-            if not self._waiting:
-                if self._on_push is not None:
-                    self._on_push(reply)
+            if self._on_push is not None and _is_message(reply):
+                self._on_push(reply)
                 continue
+            if not self._waiting:
+                continue  # a reply to a command whose connection was given up on
             future = self._waiting.popleft()
             if future.done():
                 continue  # its caller was cancelled; the reply still had to be consumed in order
@@ -129,11 +151,39 @@ class _Protocol(asyncio.Protocol):
             else:
                 future.set_result(reply)
 
+    def _tick(self) -> None:
+        """The watchdog: time out a connection that stopped answering; PING an idle one."""
+        if self._reads != self._reads_seen:
+            self._reads_seen = self._reads
+            self._quiet_ticks = 0
+        else:
+            self._quiet_ticks += 1
+        quiet_s = self._quiet_ticks * self._tick_s
+        if self._waiting:
+            # A health check's PING gets the health interval when there is no socket_timeout.
+            deadline_s = (self._timeout_s or self._health_s) + self.blocking_s
+            if quiet_s > deadline_s:  # one tick late rather than early: the quiet started mid-tick
+                self._fail(timed_out(deadline_s))
+                return
+        elif self._health_s and quiet_s >= self._health_s:
+            self.send(encode_command(("PING",))).add_done_callback(_retrieve)
+            self._quiet_ticks = 0
+        self._watchdog = self._loop.call_later(self._tick_s, self._tick)
+
+    def _fail(self, error: Exception) -> None:
+        while self._waiting:
+            future = self._waiting.popleft()
+            if not future.done():
+                future.set_exception(error)
+        self.close()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         if not self.lost.done():
             self.lost.set_result(None)
-        error = RedisConnectionError(f"connection to Redis lost: {exc or 'closed'}")
+        error = connection_failed("connection to Redis lost", exc)
         while self._waiting:
             future = self._waiting.popleft()
             if not future.done():
@@ -147,20 +197,34 @@ class _Protocol(asyncio.Protocol):
 class RedisLink:
     """Commands over one shared, pipelined connection (see the module docstring)."""
 
-    def __init__(self, redis: Redis) -> None:
-        pool = redis.connection_pool
-        self._kwargs: dict[str, Any] = dict(pool.connection_kwargs)
-        self._unix = issubclass(pool.connection_class, UnixDomainSocketConnection)
-        self._tls = issubclass(pool.connection_class, SSLConnection)
+    def __init__(self, settings: RedisSettings | Redis) -> None:
+        if not isinstance(settings, RedisSettings):
+            settings = _settings_of(settings)
+        self.settings = settings
+        #: Built once: every connection of this link checks the server the same way.
+        self._ssl = settings.tls.context() if settings.tls is not None else None
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Task[_Protocol] | None = None
 
     async def execute(self, *args: RedisArg) -> Any:
-        """Send one command; its reply (bytes, int, list, None), or its error as ResponseError."""
+        """Send one command; its reply (bytes, int, list, None), or its error (common.redis.errors)."""
         protocol = self._protocol
         if protocol is None or protocol.closed:
             protocol = await self._connection()
         return await protocol.send(encode_command(args))
+
+    async def execute_blocking(self, block_s: float, *args: RedisArg) -> Any:
+        """A command that may block `block_s` (0: forever; BLPOP, XREAD BLOCK): the watchdog waits
+        that much longer. Only on a link that runs one command at a time (the client's blocking
+        links)."""
+        protocol = self._protocol
+        if protocol is None or protocol.closed:
+            protocol = await self._connection()
+        protocol.blocking_s = block_s if block_s > 0 else math.inf
+        try:
+            return await protocol.send(encode_command(args))
+        finally:
+            protocol.blocking_s = 0.0
 
     async def listen(self, channel: str, on_message: Callable[[str], None],
                      on_subscribed: Callable[[], Awaitable[None]] | None = None) -> None:
@@ -169,8 +233,7 @@ class RedisLink:
         raises ConnectionError when the connection drops (the caller resubscribes)."""
 
         def push(reply: Any) -> None:
-            if isinstance(reply, list) and len(reply) == 3 and reply[0] == b"message":
-                on_message(reply[2].decode())
+            on_message(reply[2].decode())
 
         protocol = await self._connect(push)
         try:
@@ -180,7 +243,7 @@ class RedisLink:
             await protocol.lost
         finally:
             protocol.close()
-        raise RedisConnectionError(f"subscription to {channel} lost")
+        raise connection_failed(f"subscription to {channel} lost")
 
     async def aclose(self) -> None:
         if self._connecting is not None:
@@ -203,38 +266,46 @@ class RedisLink:
         return self._protocol
 
     async def _connect(self, on_push: Callable[[Any], None] | None = None) -> _Protocol:
+        """A connection, authenticated and on its db, within `socket_connect_timeout`."""
         loop = asyncio.get_running_loop()
-        kw = self._kwargs
-        timeout_s = kw.get("socket_connect_timeout") or kw.get("socket_timeout") or 10.0
-        protocol = _Protocol(loop, on_push)
+        settings = self.settings
+        protocol = _Protocol(loop, settings, on_push)
         try:
-            async with asyncio.timeout(timeout_s):
-                if self._unix:
-                    await loop.create_unix_connection(lambda: protocol, kw["path"])
+            async with asyncio.timeout(settings.connect_timeout_s):
+                if settings.unix_path is not None:
+                    await loop.create_unix_connection(lambda: protocol, settings.unix_path)
                 else:
-                    await loop.create_connection(lambda: protocol, kw.get("host", "localhost"),
-                                                 kw.get("port", 6379), ssl=self._ssl_context())
+                    await loop.create_connection(lambda: protocol, settings.host, settings.port,
+                                                 ssl=self._ssl)
+                if settings.password:
+                    user = (settings.username,) if settings.username else ()
+                    await protocol.send(encode_command(("AUTH", *user, settings.password)))
+                if settings.db:
+                    await protocol.send(encode_command(("SELECT", settings.db)))
         except (OSError, TimeoutError) as err:
-            raise RedisConnectionError(f"cannot connect to Redis: {err!r}") from err
-        try:
-            if kw.get("password"):
-                user = (kw["username"],) if kw.get("username") else ()
-                await protocol.send(encode_command(("AUTH", *user, kw["password"])))
-            if kw.get("db"):
-                await protocol.send(encode_command(("SELECT", kw["db"])))
+            protocol.close()
+            raise connection_failed("cannot connect to Redis", err) from err
         except BaseException:
             protocol.close()
             raise
         return protocol
 
-    def _ssl_context(self) -> ssl.SSLContext | None:
-        if not self._tls:
-            return None
-        kw = self._kwargs
-        context = ssl.create_default_context(cafile=kw.get("ssl_ca_certs"))
-        if kw.get("ssl_certfile"):
-            context.load_cert_chain(kw["ssl_certfile"], kw.get("ssl_keyfile"))
-        if kw.get("ssl_cert_reqs") in ("none", ssl.CERT_NONE):
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        return context
+
+def _settings_of(redis: Redis) -> RedisSettings:
+    """TRANSITIONAL (issue 18): the settings of a redis-py client, for the queue, consumer and
+    lease code that still builds links from one; removed once they take a RedisClient."""
+    pool = redis.connection_pool
+    kw = pool.connection_kwargs
+    tls = None
+    if issubclass(pool.connection_class, SSLConnection):
+        tls = TlsSettings(ca_file=kw.get("ssl_ca_certs"), ca_data=kw.get("ssl_ca_data"),
+                          cert_file=kw.get("ssl_certfile"), key_file=kw.get("ssl_keyfile"),
+                          cert_reqs=kw.get("ssl_cert_reqs") or "required",
+                          check_hostname=kw.get("ssl_check_hostname", True))
+    unix = issubclass(pool.connection_class, UnixDomainSocketConnection)
+    return RedisSettings(
+        host=kw.get("host", "localhost"), port=kw.get("port", 6379), unix_path=kw["path"] if unix else None,
+        username=kw.get("username"), password=kw.get("password"), db=int(kw.get("db") or 0), tls=tls,
+        connect_timeout_s=kw.get("socket_connect_timeout") or DEFAULT_CONNECT_TIMEOUT_S,
+        timeout_s=kw.get("socket_timeout"), health_check_interval_s=kw.get("health_check_interval") or 0.0,
+    )

@@ -14,7 +14,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from common.embedded_redis import redis_server_binary
 from common.event_loop import run_network_role
 from common.queue.batcher import LuaScript, ScriptBatcher
-from common.redis.link import RedisLink, encode_command, reply_error
+from common.redis.errors import reply_error
+from common.redis.link import RedisLink, encode_command
 
 
 def test_encode_command_is_resp_bulk_strings() -> None:
