@@ -26,6 +26,9 @@ log = logging.getLogger("atefleet.api")
 #: Pending connections the kernel queues per API process.
 BACKLOG = 4096
 
+#: Seconds an idle client connection is kept open.
+KEEP_ALIVE_S = 75
+
 #: Net allocations between two young-generation garbage collections (see common/gc_tuning.py).
 GC_YOUNG_THRESHOLD = 10_000
 
@@ -44,6 +47,10 @@ def run_api(config: Config) -> None:
         # rewriting it from X-Forwarded-For on every request is work for nothing.
         proxy_headers=False,
         timeout_graceful_shutdown=10,
+        # Longer than common clients keep an idle connection (httpx 5 s, aiohttp 15 s): with equal
+        # timeouts the server closes a connection just as a client reuses it, and the client does
+        # not retry the POST it lost ("Server disconnected without sending a response").
+        timeout_keep_alive=KEEP_ALIVE_S,
         limit_concurrency=20000,
     ))
     collect_rarely(GC_YOUNG_THRESHOLD)
