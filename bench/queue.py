@@ -1,9 +1,12 @@
 """Benchmark of the per-session FIFO queue against arq, on one embedded Redis (loopback).
 
 Figures: no-op jobs/s end to end (enqueue -> complete) over 1,000 sessions with 1 and 2 worker
-processes; enqueue->start latency p50/p99 with idle workers; the same no-op workload through arq
-(same worker processes, max_jobs = our concurrency, poll_delay 50 ms) and the ratio; Redis bytes
-per idle session (one finished job) and per queued job. Run: `.venv/bin/python bench/queue.py`.
+processes, and Redis's own CPU per job in each run; enqueue->start latency p50/p99 with idle
+workers; the same no-op workload through arq (same worker processes, max_jobs = our concurrency,
+poll_delay 50 ms) and the ratio; Redis bytes per idle session (one finished job) and per queued
+job. `--workers N [N ...]` adds runs with N worker processes, pushing until Redis's CPU is the
+limit, and prints the ceiling of one Redis primary implied by the Redis CPU per job of the run
+where Redis was busiest (docs/scaling.md). Run: `.venv/bin/python bench/queue.py`.
 The last line printed is one JSON object of the figures.
 """
 
@@ -27,6 +30,7 @@ import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from typing import Any  # noqa: E402
 
 import redis.asyncio as aioredis  # noqa: E402
@@ -101,23 +105,51 @@ async def wait_until(cond: Any, timeout_s: float = 300.0, every_s: float = 0.005
         await asyncio.sleep(every_s)
 
 
-async def ours_throughput(redis: aioredis.Redis, url: str, workers: int) -> float:
+@dataclass(frozen=True)
+class Throughput:
+    """One run of the no-op workload through our queue."""
+
+    jobs_per_s: float
+    #: Redis's own CPU (user + sys, the whole process) over the run, per job.
+    redis_cpu_us_per_job: float
+    #: Redis's CPU seconds per second of the run: near 1.0, its command thread was the limit.
+    redis_busy: float
+
+    @property
+    def ceiling_jobs_per_s(self) -> float:
+        """Jobs/s one primary carries once its CPU is the limit: Redis runs commands on one thread,
+        so one CPU-second over the CPU per job (whole-process CPU: a conservative figure)."""
+        return 1e6 / self.redis_cpu_us_per_job
+
+
+async def ours_throughput(
+    redis: aioredis.Redis, url: str, workers: int, jobs_per_session: int = JOBS_PER_SESSION
+) -> Throughput:
     await redis.flushall()
     queue = Queue(redis, config())
     await queue.load_scripts()
     procs = spawn("ours", url, workers)
     try:
         await wait_until(lambda: _consumers_ready(redis, workers))
+        cpu_before = await _redis_cpu_s(redis)
         started = time.perf_counter()
-        for i in range(JOBS_PER_SESSION):
+        for i in range(jobs_per_session):
             await queue.enqueue_batch(
                 [NewJob("bench", f"s{n}", JobKind.TOOL, {"i": i}, "bench") for n in range(SESSIONS)]
             )
         await wait_until(lambda: _zero(redis.zcard("af:work")))
         elapsed = time.perf_counter() - started
+        cpu_s = await _redis_cpu_s(redis) - cpu_before
     finally:
         stop(procs)
-    return SESSIONS * JOBS_PER_SESSION / elapsed
+    jobs = SESSIONS * jobs_per_session
+    return Throughput(jobs / elapsed, cpu_s / jobs * 1e6, cpu_s / elapsed)
+
+
+async def _redis_cpu_s(redis: aioredis.Redis) -> float:
+    """CPU seconds the Redis process has used so far (INFO cpu: user + sys)."""
+    info = await redis.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 async def _consumers_ready(redis: aioredis.Redis, n: int) -> bool:
@@ -152,7 +184,9 @@ async def ours_latency(redis: aioredis.Redis, url: str) -> tuple[float, float]:
     return statistics.median(samples), q[98]
 
 
-async def arq_throughput(redis: aioredis.Redis, url: str, workers: int) -> float:
+async def arq_throughput(
+    redis: aioredis.Redis, url: str, workers: int, jobs_per_session: int = JOBS_PER_SESSION
+) -> float:
     from arq.connections import RedisSettings, create_pool
 
     await redis.flushall()
@@ -160,7 +194,7 @@ async def arq_throughput(redis: aioredis.Redis, url: str, workers: int) -> float
     procs = spawn("arq", url, workers)
     try:
         await wait_until(lambda: _arq_ready(redis, workers))
-        total = SESSIONS * JOBS_PER_SESSION
+        total = SESSIONS * jobs_per_session
         started = time.perf_counter()
         for chunk in range(0, total, 500):
             size = min(total, chunk + 500) - chunk
@@ -224,21 +258,39 @@ async def _used(redis: aioredis.Redis) -> int:
     return int(info["used_memory"])
 
 
-async def main() -> None:
+async def ours_runs(
+    redis: aioredis.Redis, url: str, worker_counts: list[int], jobs_per_session: int
+) -> dict[str, float]:
+    """Our throughput with each count of worker processes, Redis's CPU per job in each, and the
+    ceiling of one primary implied by the run where Redis was busiest (nearest its limit)."""
+    figures: dict[str, float] = {}
+    runs: dict[int, Throughput] = {}
+    for n in worker_counts:
+        run = runs[n] = await ours_throughput(redis, url, n, jobs_per_session)
+        figures[f"noop_jobs_per_s_{n}w"] = run.jobs_per_s
+        figures[f"redis_cpu_us_per_job_{n}w"] = run.redis_cpu_us_per_job
+        figures[f"redis_busy_{n}w"] = run.redis_busy
+        print(f"ours, {n} worker process(es): {run.jobs_per_s:8.0f} no-op jobs/s; Redis CPU "
+              f"{run.redis_cpu_us_per_job:.1f} µs/job, busy {run.redis_busy:.2f} of a core")
+    busiest = max(runs, key=lambda n: runs[n].redis_busy)
+    figures["primary_ceiling_jobs_per_s"] = runs[busiest].ceiling_jobs_per_s
+    print(f"one Redis primary's ceiling: 1 CPU-s / {runs[busiest].redis_cpu_us_per_job:.1f} µs per job = "
+          f"{runs[busiest].ceiling_jobs_per_s:.0f} no-op jobs/s (from the {busiest}-worker run)")
+    return figures
+
+
+async def main(more_workers: list[int], jobs_per_session: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         server = start_embedded_redis(tmp)
         redis = aioredis.Redis.from_url(server.url)
         try:
-            figures: dict[str, float] = {}
-            figures["noop_jobs_per_s_1w"] = await ours_throughput(redis, server.url, 1)
-            print(f"ours, 1 worker process:  {figures['noop_jobs_per_s_1w']:8.0f} no-op jobs/s")
-            figures["noop_jobs_per_s_2w"] = await ours_throughput(redis, server.url, 2)
-            print(f"ours, 2 worker processes: {figures['noop_jobs_per_s_2w']:8.0f} no-op jobs/s")
+            counts = list(dict.fromkeys([1, 2, *more_workers]))
+            figures = await ours_runs(redis, server.url, counts, jobs_per_session)
             p50, p99 = await ours_latency(redis, server.url)
             figures["enqueue_to_start_p50_ms"], figures["enqueue_to_start_p99_ms"] = p50, p99
             print(f"enqueue->start latency, idle worker: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
-            figures["arq_noop_jobs_per_s"] = await arq_throughput(redis, server.url, 1)
-            figures["arq_noop_jobs_per_s_2w"] = await arq_throughput(redis, server.url, 2)
+            figures["arq_noop_jobs_per_s"] = await arq_throughput(redis, server.url, 1, jobs_per_session)
+            figures["arq_noop_jobs_per_s_2w"] = await arq_throughput(redis, server.url, 2, jobs_per_session)
             print(f"arq, 1 worker process:   {figures['arq_noop_jobs_per_s']:8.0f} no-op jobs/s")
             print(f"arq, 2 worker processes: {figures['arq_noop_jobs_per_s_2w']:8.0f} no-op jobs/s")
             figures["ratio_vs_arq"] = figures["noop_jobs_per_s_1w"] / figures["arq_noop_jobs_per_s"]
@@ -260,6 +312,10 @@ if __name__ == "__main__":
     parser.add_argument("--worker", choices=["ours", "arq"])
     parser.add_argument("--url")
     parser.add_argument("--id", default="w")
+    parser.add_argument("--workers", type=int, nargs="+", default=[], metavar="N",
+                        help="also run our queue with N worker processes (each N given)")
+    parser.add_argument("--jobs-per-session", type=int, default=JOBS_PER_SESSION,
+                        help="jobs per session in the throughput runs (fewer: a quick check)")
     args = parser.parse_args()
     os.chdir(REPO)
     if args.worker == "ours":
@@ -267,4 +323,4 @@ if __name__ == "__main__":
     elif args.worker == "arq":
         arq_worker(args.url)
     else:
-        asyncio.run(main())
+        asyncio.run(main(args.workers, args.jobs_per_session))
