@@ -71,6 +71,8 @@ class WorkerFleet:
     jobs_per_turn: int = 8
     #: Worker ids are `<name><n>-<test pid>`: distinct names keep two fleets of a test apart.
     name: str = "w"
+    #: More Redis servers (cells, docs/scaling.md) each worker serves besides `redis_url`.
+    other_cells: list[str] = field(default_factory=list)
     procs: list[WorkerProc] = field(default_factory=list)
     started: int = 0
 
@@ -82,6 +84,8 @@ class WorkerFleet:
                 "--lease-ttl-s", str(self.lease_ttl_s), "--max-job-ms", str(self.max_job_ms),
                 "--min-job-ms", str(self.min_job_ms),
                 "--jobs-per-turn", str(self.jobs_per_turn)]
+        for url in self.other_cells:
+            args += ["--redis-url", url]
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
         proc = subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL)
         wp = WorkerProc(proc, worker_id)

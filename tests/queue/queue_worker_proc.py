@@ -3,6 +3,8 @@
 Each execution appends `S|job|epoch|worker|ts` before and `E|job|epoch|worker|ts` after a random
 min..max job ms sleep to `t:log:<session>`, so tests can detect FIFO violations and overlaps. The
 consumer's counters are mirrored to the hash `t:stats:<worker>`. SIGTERM stops it gracefully.
+With `--redis-url` given more than once, the process serves each of those Redis servers (cells,
+docs/scaling.md) with a Consumer of its own, logging and mirroring into that cell's Redis.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from common.config import parse_config
+from common.config import Config, parse_config
 from common.queue import Consumer, JobContext, Queue
 
 #: The Consumer's block_ms: how often an idle worker renews its announcement (chaos tests bound
@@ -28,7 +30,7 @@ BLOCK_MS = 200
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser()
-    p.add_argument("--redis-url", required=True)
+    p.add_argument("--redis-url", required=True, action="append", help="a cell's Redis (repeatable)")
     p.add_argument("--prefix", default="af:")
     p.add_argument("--worker-id", required=True)
     p.add_argument("--concurrency", type=int, default=16)
@@ -44,7 +46,14 @@ async def main() -> None:
     logging.basicConfig(level=logging.WARNING, format=f"[{args.worker_id}] %(levelname)s %(message)s")
     config = parse_config({"redis_prefix": args.prefix,
                            "workers": {"lease_ttl_s": args.lease_ttl_s, "jobs_per_turn": args.jobs_per_turn}})
-    redis = aioredis.Redis.from_url(args.redis_url, socket_timeout=5, socket_connect_timeout=2)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await asyncio.gather(*(serve_cell(url, args, config, stop) for url in args.redis_url))
+
+
+async def serve_cell(url: str, args: argparse.Namespace, config: Config, stop: asyncio.Event) -> None:
+    """One Consumer on the Redis at `url`, until `stop` is set."""
+    redis = aioredis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2)
     queue = Queue(redis, config)
 
     async def handler(ctx: JobContext) -> dict[str, Any]:
@@ -55,13 +64,18 @@ async def main() -> None:
         return {"worker": args.worker_id, "epoch": ctx.epoch}
 
     consumer = Consumer(queue, args.worker_id, handler, concurrency=args.concurrency, block_ms=BLOCK_MS)
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, lambda: asyncio.ensure_future(consumer.stop()))
+    stopper = asyncio.create_task(stop_on(stop, consumer))
     stats_task = asyncio.create_task(mirror_stats(redis, consumer, args.worker_id))
     await consumer.run()
     stats_task.cancel()
+    await stopper
     await publish_stats(redis, consumer, args.worker_id)
     await redis.aclose()
+
+
+async def stop_on(stop: asyncio.Event, consumer: Consumer) -> None:
+    await stop.wait()
+    await consumer.stop()
 
 
 async def publish_stats(redis: aioredis.Redis, consumer: Consumer, worker_id: str) -> None:
