@@ -89,6 +89,12 @@ class RedisClient:
     async def ping(self) -> bool:
         return bool(await self.link.execute("PING") == b"PONG")
 
+    async def info(self, section: str) -> dict[str, Any]:
+        """INFO `section` by field: numbers as int or float, `k=v,...` values (db0) as dicts."""
+        raw = bytes(await self.link.execute("INFO", section)).decode()
+        fields = (line.split(":", 1) for line in raw.splitlines() if line and not line.startswith("#"))
+        return {name: _info_value(value) for name, value in fields}
+
     async def publish(self, channel: str, message: RedisArg) -> int:
         return int(await self.link.execute("PUBLISH", channel, message))
 
@@ -108,11 +114,17 @@ class RedisClient:
         value: bytes | None = await self.link.execute("GET", name)
         return value
 
+    async def set(self, name: str, value: RedisArg) -> bool:
+        return bool(await self.link.execute("SET", name, value) == b"OK")
+
     async def exists(self, *names: str) -> int:
         return int(await self.link.execute("EXISTS", *names))
 
     async def delete(self, *names: str) -> int:
         return int(await self.link.execute("DEL", *names))
+
+    async def expire(self, name: str, seconds: int) -> bool:
+        return bool(await self.link.execute("EXPIRE", name, seconds))
 
     async def pttl(self, name: str) -> int:
         return int(await self.link.execute("PTTL", name))
@@ -132,6 +144,9 @@ class RedisClient:
         flat = [part for item in mapping.items() for part in item]
         return int(await self.link.execute("HSET", name, *flat))
 
+    async def hincrby(self, name: str, key: str, amount: int = 1) -> int:
+        return int(await self.link.execute("HINCRBY", name, key, amount))
+
     async def hlen(self, name: str) -> int:
         return int(await self.link.execute("HLEN", name))
 
@@ -145,6 +160,12 @@ class RedisClient:
 
     async def llen(self, name: str) -> int:
         return int(await self.link.execute("LLEN", name))
+
+    async def lpush(self, name: str, *values: RedisArg) -> int:
+        return int(await self.link.execute("LPUSH", name, *values))
+
+    async def ltrim(self, name: str, start: int, end: int) -> bool:
+        return bool(await self.link.execute("LTRIM", name, start, end) == b"OK")
 
     async def blpop(self, keys: Sequence[str], timeout_s: float) -> tuple[bytes, bytes] | None:
         """The first element pushed to any of `keys` within `timeout_s` (0: forever), or None."""
@@ -186,6 +207,9 @@ class RedisClient:
 
     async def zrem(self, name: str, *members: str) -> int:
         return int(await self.link.execute("ZREM", name, *members))
+
+    async def zremrangebyrank(self, name: str, start: int, end: int) -> int:
+        return int(await self.link.execute("ZREMRANGEBYRANK", name, start, end))
 
     async def zremrangebyscore(self, name: str, low: RedisArg, high: RedisArg) -> int:
         return int(await self.link.execute("ZREMRANGEBYSCORE", name, low, high))
@@ -255,6 +279,15 @@ class RedisClient:
         if block_ms is None:
             return await self.link.execute(*args)
         return await self.execute_blocking(block_ms / 1000, *args)
+
+
+def _info_value(value: str) -> Any:
+    if "=" in value:
+        return {k: _info_value(v) for k, _, v in (item.rpartition("=") for item in value.split(",") if item)}
+    try:
+        return float(value) if "." in value else int(value)
+    except ValueError:
+        return value
 
 
 def _opt(name: str, value: RedisArg | None) -> tuple[RedisArg, ...]:

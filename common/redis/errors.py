@@ -83,11 +83,10 @@ def reply_error(message: str) -> RedisError:
     by_code = _BY_CODE.get(code)
     if by_code is not None:
         return by_code(rest)
-    if code == "ERR":
-        if rest in _ERR_BY_TEXT:
-            return _ERR_BY_TEXT[rest](rest)
+    if code == "ERR":  # its text without the code, as redis-py gives it
         if _SCRIPT_OOM in rest:
-            return OutOfMemoryError(message)
+            return OutOfMemoryError(rest)
+        return _ERR_BY_TEXT.get(rest, ResponseError)(rest)
     return ResponseError(message)
 
 
@@ -97,4 +96,4 @@ def connection_failed(what: str, cause: BaseException | None = None) -> RedisCon
 
 
 def timed_out(timeout_s: float) -> RedisTimeoutError:
-    return RedisTimeoutError(f"no reply from Redis within {timeout_s:g} s (socket_timeout)")
+    return RedisTimeoutError(f"no reply from Redis within {timeout_s:g} s")

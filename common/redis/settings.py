@@ -247,3 +247,14 @@ _KNOWN_OPTIONS = frozenset({
     "ssl_ca_certs", "ssl_ca_data", "ssl_certfile", "ssl_keyfile", "ssl_password", "ssl_cert_reqs",
     "ssl_check_hostname",
 })
+
+
+def role_settings(role: str, url: str) -> RedisSettings:
+    """The settings `atefleet <role>` starts with, or SystemExit saying what is wrong with its URL."""
+    if not url:
+        raise SystemExit(f"atefleet {role}: redis.url (or $ATEFLEET_REDIS_URL) is required; "
+                         "`atefleet up` starts an embedded Redis")
+    try:
+        return RedisSettings.from_url(url)
+    except RedisSettingsError as err:
+        raise SystemExit(f"atefleet {role}: redis.url: {err}") from None
