@@ -1,8 +1,8 @@
 """The API application: clients opened in the lifespan, routes, problem handlers, body limit.
 
-The API is stateless: everything it knows is in Redis. Each process holds one Redis connection
-pool, one `Queue`, and one `JobWaiter` (one pub/sub subscription shared by every request that
-waits for a job), all opened in the lifespan and closed there.
+The API is stateless: everything it knows is in Redis. Each process holds one `RedisClient`
+(common/redis), one `Queue`, and one `JobWaiter` (one pub/sub subscription shared by every
+request that waits for a job), all opened in the lifespan and closed there.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from api.ui.routes import install_ui
 from common.audit import AuditLog
 from common.config import Config
 from common.queue import JobWaiter, Queue
+from common.redis.client import RedisClient
+from common.redis.settings import role_settings
 from common.secret_box import SecretBox, load_key
 
 #: Connections per API process; sync waiters do not hold one (they share the pub/sub).
@@ -44,25 +46,21 @@ STREAM_POOL_SIZE = 1024
 
 def create_app(config: Config, redis_url: str | None = None) -> ASGIApp:
     """The API as served: the body limit, then the tool-call route (`api.hot_path`), then FastAPI."""
-    url = redis_url or config.redis.url
-    if not url:
-        raise SystemExit("atefleet api: redis.url (or $ATEFLEET_REDIS_URL) is required; "
-                         "`atefleet up` starts an embedded Redis")
+    settings = role_settings("api", redis_url or config.redis.url)
     mcp = McpEndpoint()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        redis = aioredis.Redis.from_url(url, max_connections=REDIS_POOL_SIZE,
-                                        health_check_interval=30, socket_keepalive=True)
-        stream_redis = aioredis.Redis.from_url(url, max_connections=STREAM_POOL_SIZE,
-                                               health_check_interval=30, socket_keepalive=True)
+        client = RedisClient(settings, max_blocking=STREAM_POOL_SIZE)
+        redis = aioredis.Redis(connection_pool=settings.connection_pool(REDIS_POOL_SIZE))
+        stream_redis = aioredis.Redis(connection_pool=settings.connection_pool(STREAM_POOL_SIZE))
         queue = Queue(redis, config)
         waiter = JobWaiter(queue)
         waiter.start()  # subscribed before the first sync call, which then needs no record read
         stream_queue = Queue(stream_redis, config)
-        audit = AuditLog(redis, queue.keys, config.audit)
+        audit = AuditLog(client, queue.keys, config.audit)
         audit.start()
-        app.state.fleet = Fleet(config=config, redis=redis, queue=queue, waiter=waiter,
+        app.state.fleet = Fleet(config=config, redis=client, queue=queue, waiter=waiter,
                                 auth=Authenticator(config), limiter=RateLimiter(config.api),
                                 secret_box=SecretBox(load_key(config.state_dir)), audit=audit,
                                 policies=Policies(config), streams=StreamSlots(), stream_queue=stream_queue)
@@ -76,6 +74,7 @@ def create_app(config: Config, redis_url: str | None = None) -> ASGIApp:
             await stream_redis.aclose()
             await queue.aclose()
             await redis.aclose()
+            await client.aclose()
 
     app = FastAPI(title="atefleet", version="0.1.0", lifespan=lifespan,
                   description="Run AI agents' tool calls in per-session sandboxed actors on Agent Substrate.")

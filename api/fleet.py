@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-import redis.asyncio as aioredis
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -29,13 +28,14 @@ from common.audit import AuditLog
 from common.config import Config, Environment
 from common.queue import JobRecord, JobWaiter, Queue
 from common.queue.queue import job_id_created_s
+from common.redis.client import RedisClient
 from common.secret_box import SecretBox
 
 
 @dataclass(frozen=True)
 class Fleet:
     config: Config
-    redis: aioredis.Redis
+    redis: RedisClient
     queue: Queue
     waiter: JobWaiter
     auth: Authenticator

@@ -41,14 +41,13 @@ from typing import Any, ClassVar
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import OutOfMemoryError as RedisOutOfMemoryError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from common.problem_types import PROBLEM_TYPES, TYPE_BASE, problem_type
 from common.queue.models import RedisFull
+from common.redis.errors import OutOfMemoryError as RedisOutOfMemoryError
+from common.redis.errors import RedisConnectionError, RedisTimeoutError
 
 #: Media type of every error answer (RFC 9457 section 3).
 PROBLEM_MEDIA_TYPE = "application/problem+json"

@@ -44,6 +44,7 @@ from common.actor_names import actor_name  # noqa: E402
 from common.config import Config, parse_config  # noqa: E402
 from common.embedded_redis import start_embedded_redis  # noqa: E402
 from common.queue import Consumer, JobContext, JobKind, NewJob, Queue  # noqa: E402
+from common.redis.client import RedisClient  # noqa: E402
 from common.substrate import SubstrateClient, make_substrate_client  # noqa: E402
 from local_substrate.server import LocalSubstrate  # noqa: E402
 from reconciler.service import Reconciler  # noqa: E402
@@ -164,6 +165,7 @@ async def run(n: int) -> dict[str, Any]:
     substrate = LocalSubstrate(config, "127.0.0.1:0")
     await substrate.start()
     client = make_substrate_client(config, substrate.address)
+    fleet_redis = RedisClient.from_url(server_redis.url)
     try:
         queue = Queue(redis, config)
         await make_actors(client, queue)
@@ -172,7 +174,7 @@ async def run(n: int) -> dict[str, Any]:
         with_jobs = await used_memory(redis)
         await forget_finished_jobs(redis, queue)
         idle_mem = await used_memory(redis)
-        reconciler = Reconciler(config, redis, client, "bench")
+        reconciler = Reconciler(config, redis, fleet_redis, client, "bench")
         assert await reconciler.leader.wait_until_leader(asyncio.Event())
         passes = await reconciler.full_pass()
         full_pass_s = sum(p.duration_s for p in passes)
@@ -193,6 +195,7 @@ async def run(n: int) -> dict[str, Any]:
         await client.close()
         await substrate.stop(suspend_running=False)
         await redis.aclose()
+        await fleet_redis.aclose()
         server_redis.stop()
         shutil.rmtree(state_dir, ignore_errors=True)
 

@@ -49,6 +49,7 @@ from common.config import Config  # noqa: E402
 from common.embedded_redis import start_embedded_redis  # noqa: E402
 from common.fleet_stats import StatsPass  # noqa: E402
 from common.queue import JobKind, NewJob, Queue  # noqa: E402
+from common.redis.client import RedisClient  # noqa: E402
 
 ENV = "bench-env"
 TARGET_PAGE_MS = 200.0
@@ -87,7 +88,8 @@ async def seed(config: Config, redis_url: str, sessions: int, jobs: int) -> dict
         pipe.xadd(queue.keys.dlq, {"job": jid, "session": f"{ENV}/s-00000", "reason": "bench",
                                    "attempts": 8})
     await pipe.execute()
-    stats, folded = StatsPass(config, redis, queue.keys), 0
+    client = RedisClient.from_url(redis_url)
+    stats, folded = StatsPass(config, client, queue.keys), 0
     while True:
         report = _Report()
         await stats.run(report)
@@ -96,6 +98,7 @@ async def seed(config: Config, redis_url: str, sessions: int, jobs: int) -> dict
             break
     seeded_s = time.perf_counter() - began
     await queue.aclose()
+    await client.aclose()
     await redis.aclose()
     print(f"seeded {sessions} sessions, {jobs} jobs, {folded} events folded in {seeded_s:.1f} s")
     return {"job": job_ids[-1], "running_job": job_ids[0], "session": sids[42]}

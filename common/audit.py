@@ -27,10 +27,9 @@ import time
 from collections.abc import Mapping
 from typing import IO, Any
 
-from redis.asyncio import Redis
-
 from common.config import AuditConfig
 from common.queue.keys import Keys
+from common.redis.client import RedisClient
 
 log = logging.getLogger("atefleet.audit")
 
@@ -52,7 +51,7 @@ def _text(value: Any) -> str:
 class AuditLog:
     """Appends and reads the audit stream of one fleet; owns the JSON lines sink of its process."""
 
-    def __init__(self, redis: Redis, keys: Keys, config: AuditConfig) -> None:
+    def __init__(self, redis: RedisClient, keys: Keys, config: AuditConfig) -> None:
         self.redis = redis
         self.key = keys.audit
         self.config = config
@@ -86,8 +85,7 @@ class AuditLog:
         if self.config.stream_maxlen <= 0:
             return
         try:
-            await self.redis.xadd(self.key, values,  # type: ignore[arg-type]
-                                  maxlen=self.config.stream_maxlen, approximate=True)
+            await self.redis.xadd(self.key, values, maxlen=self.config.stream_maxlen, approximate=True)
         except Exception:  # the refusal stands without its record; say so loudly
             log.exception("audit record %s of %s not stored", ev, principal)
 

@@ -21,20 +21,20 @@ while the entries are still in the stream).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-
-from redis.asyncio import Redis
 
 from common.config import Config
 from common.queue.keys import Keys
 from common.queue.models import text
 from common.queue.queue import job_id_created_s
+from common.redis.client import RedisClient
 
 #: Seconds of history the charts show (15 minutes).
 WINDOW_S = 900
@@ -161,7 +161,7 @@ class Point:
 class FleetStats:
     """Reads the counters back (the API) and folds new events into them (the reconciler)."""
 
-    def __init__(self, redis: Redis, keys: Keys) -> None:
+    def __init__(self, redis: RedisClient, keys: Keys) -> None:
         self.redis = redis
         self.keys = keys
 
@@ -169,13 +169,11 @@ class FleetStats:
         """A point per bucket over the last `window_s` seconds, oldest first (complete buckets only)."""
         end = int(now_s if now_s is not None else time.time()) // BUCKET_S * BUCKET_S
         starts = range(end - window_s, end, BUCKET_S)
-        pipe = self.redis.pipeline(transaction=False)
-        for start in starts:
-            pipe.hgetall(self.keys.stats_bucket(start))
-        return [_point(start, raw) for start, raw in zip(starts, await pipe.execute(), strict=True)]
+        buckets = await asyncio.gather(*(self.redis.hgetall(self.keys.stats_bucket(t)) for t in starts))
+        return [_point(start, raw) for start, raw in zip(starts, buckets, strict=True)]
 
     async def sessions_by_state(self) -> dict[str, int]:
-        raw = await self.redis.hgetall(self.keys.stats_sessions)  # type: ignore[misc]
+        raw = await self.redis.hgetall(self.keys.stats_sessions)
         return {text(k): int(v) for k, v in raw.items() if text(k) != "at"}
 
     async def recent_jobs(self, before_ms: int | None, limit: int) -> list[str]:
@@ -189,7 +187,7 @@ class FleetStats:
         return [text(j) for j in raw]
 
     async def session_drifts(self, session: str, limit: int) -> list[dict[str, Any]]:
-        raw = await self.redis.lrange(self.keys.session_drifts(session), 0, limit - 1)  # type: ignore[misc]
+        raw = await self.redis.lrange(self.keys.session_drifts(session), 0, limit - 1)
         return [json.loads(text(x)) for x in raw]
 
 
@@ -217,7 +215,7 @@ class Examined(Protocol):
 class StatsPass:
     """The reconciler pass that folds new `events` entries into the counters and indexes."""
 
-    def __init__(self, config: Config, redis: Redis, keys: Keys) -> None:
+    def __init__(self, config: Config, redis: RedisClient, keys: Keys) -> None:
         self.config = config
         self.redis = redis
         self.keys = keys
@@ -235,28 +233,26 @@ class StatsPass:
             self._counted_at = time.monotonic()
 
     async def _write(self, folded: Fold, cursor: str) -> None:
-        k = self.keys
-        pipe = self.redis.pipeline(transaction=False)
+        # Issued together, they leave in one write (the client pipelines what a loop turn sends).
+        k, r = self.keys, self.redis
+        writes: list[Awaitable[Any]] = []
         for start, counter in folded.buckets.items():
             key = k.stats_bucket(start)
-            for name, n in counter.items():
-                pipe.hincrby(key, name, n)
-            pipe.expire(key, BUCKET_TTL_S)
+            writes += [r.hincrby(key, name, n) for name, n in counter.items()]
+            writes.append(r.expire(key, BUCKET_TTL_S))
         if folded.jobs:
-            pipe.zadd(k.recent_jobs, _newest(folded.jobs, RECENT_JOBS_MAX))
-            pipe.zremrangebyrank(k.recent_jobs, 0, -RECENT_JOBS_MAX - 1)
+            writes += [r.zadd(k.recent_jobs, _newest(folded.jobs, RECENT_JOBS_MAX)),
+                       r.zremrangebyrank(k.recent_jobs, 0, -RECENT_JOBS_MAX - 1)]
         for session, jobs in folded.session_jobs.items():
             key = k.session_jobs(session)
-            pipe.zadd(key, _newest(jobs, SESSION_JOBS_MAX))
-            pipe.zremrangebyrank(key, 0, -SESSION_JOBS_MAX - 1)
-            pipe.expire(key, SESSION_INDEX_TTL_S)
+            writes += [r.zadd(key, _newest(jobs, SESSION_JOBS_MAX)),
+                       r.zremrangebyrank(key, 0, -SESSION_JOBS_MAX - 1), r.expire(key, SESSION_INDEX_TTL_S)]
         for session, drifts in folded.drifts.items():
             key = k.session_drifts(session)
-            pipe.lpush(key, *drifts)
-            pipe.ltrim(key, 0, SESSION_DRIFTS_MAX - 1)
-            pipe.expire(key, SESSION_INDEX_TTL_S)
-        pipe.set(k.stats_cursor, cursor)
-        await pipe.execute()
+            writes += [r.lpush(key, *drifts), r.ltrim(key, 0, SESSION_DRIFTS_MAX - 1),
+                       r.expire(key, SESSION_INDEX_TTL_S)]
+        writes.append(r.set(k.stats_cursor, cursor))
+        await asyncio.gather(*writes)
 
     async def _count_sessions(self) -> None:
         counts: Counter[str] = Counter()
@@ -264,16 +260,16 @@ class StatsPass:
         for env in self.config.environments:
             ids = await self.redis.zrange(self.keys.session_index(env.name), 0, budget - 1)
             budget -= len(ids)
-            pipe = self.redis.pipeline(transaction=False)
-            for sid in ids:
-                pipe.hget(self.keys.session(f"{env.name}/{text(sid)}"), "state")
-            counts.update(text(s) if s else "new" for s in await pipe.execute())
+            sessions = [self.keys.session(f"{env.name}/{text(sid)}") for sid in ids]
+            states = await asyncio.gather(*(self.redis.hget(session, "state") for session in sessions))
+            counts.update(text(s) if s else "new" for s in states)
             if budget <= 0:
                 break
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.delete(self.keys.stats_sessions)
-        pipe.hset(self.keys.stats_sessions, mapping={**counts, "at": int(time.time() * 1000)})
-        await pipe.execute()
+        # Sent in one loop turn, in this order, over one connection: readers never see the hash
+        # half rewritten for long (as with the pipeline this was).
+        key = self.keys.stats_sessions
+        await asyncio.gather(self.redis.delete(key),
+                             self.redis.hset(key, {**counts, "at": int(time.time() * 1000)}))
 
 
 def _newest(jobs: dict[str, int], cap: int) -> dict[str, int]:

@@ -1,7 +1,7 @@
 """`atefleet reconciler`: the reconciler process, wired.
 
-Redis, the Substrate client and the metrics endpoint are opened here, passed to `Reconciler`
-(`reconciler.service`: leader election and the passes), and closed here.
+The Redis client (common/redis), the Substrate client and the metrics endpoint are opened here,
+passed to `Reconciler` (`reconciler.service`: leader election and the passes), and closed here.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import redis.asyncio as aioredis
 from common.config import Config
 from common.event_loop import run_network_role
 from common.metrics import serve_role_endpoints
+from common.redis.client import RedisClient
+from common.redis.settings import role_settings
 from common.routing import substrate_address
 from common.signals import stop_on_signals
 from common.substrate import make_substrate_client
@@ -26,11 +28,12 @@ log = logging.getLogger("atefleet.reconciler")
 async def serve_reconciler(config: Config, stop: asyncio.Event, instance_id: str = "",
                            metrics_port: int = 0) -> None:
     """Run one reconciler instance until `stop` is set."""
-    if not config.redis.url:
-        raise SystemExit("atefleet reconciler: redis.url (or $ATEFLEET_REDIS_URL) is required")
-    redis = aioredis.Redis.from_url(config.redis.url, socket_keepalive=True, health_check_interval=30)
+    settings = role_settings("reconciler", config.redis.url)
+    client = RedisClient(settings)
+    # redis-py only for the queue, store and capacity code that has not moved to the client yet
+    redis = aioredis.Redis(connection_pool=settings.connection_pool())
     substrate = make_substrate_client(config, substrate_address(config))
-    reconciler = Reconciler(config, redis, substrate, instance_id or default_instance_id())
+    reconciler = Reconciler(config, redis, client, substrate, instance_id or default_instance_id())
     endpoints = await serve_role_endpoints("0.0.0.0", metrics_port, lambda: True) if metrics_port else None
     log.info("reconciler started", extra={"fields": {"instance": reconciler.leader.instance_id}})
     try:
@@ -42,6 +45,7 @@ async def serve_reconciler(config: Config, stop: asyncio.Event, instance_id: str
         await substrate.close()
         await reconciler.queue.aclose()
         await redis.aclose()
+        await client.aclose()
         log.info("reconciler stopped")
 
 

@@ -21,6 +21,7 @@ from common.event_loop import run_network_role
 from common.gc_tuning import collect_rarely
 from common.metrics import serve_role_endpoints
 from common.queue import Consumer, Queue
+from common.redis.settings import role_settings
 from common.routing import make_router, substrate_address
 from common.secret_box import SecretBox, load_key
 from common.signals import stop_on_signals
@@ -41,11 +42,9 @@ def default_worker_id() -> str:
 async def serve_worker(config: Config, worker_id: str, metrics_port: int = 0,
                        stop: asyncio.Event | None = None) -> None:
     """Run until `stop` is set (or SIGTERM/SIGINT when `stop` is None)."""
-    if not config.redis.url:
-        raise SystemExit("atefleet worker: redis.url (or $ATEFLEET_REDIS_URL) is required")
+    settings = role_settings("worker", config.redis.url)
     stop = stop or stop_on_signals()
-    redis = aioredis.Redis.from_url(config.redis.url, max_connections=config.workers.concurrency * 2 + 16,
-                                    socket_keepalive=True, health_check_interval=30)
+    redis = aioredis.Redis(connection_pool=settings.connection_pool(config.workers.concurrency * 2 + 16))
     substrate = make_substrate_client(config, substrate_address(config))
     actors = ActorKeeper(config, substrate, make_router(config), Capacity(redis, config))
     queue = Queue(redis, config)

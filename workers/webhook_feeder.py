@@ -17,14 +17,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
-
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError, ResponseError
+from typing import Any, TypeGuard
 
 from common.logs import redact
 from common.queue import TERMINAL_STATES
 from common.queue.models import text
+from common.redis.client import ClaimedEntry, RedisClient, StreamEntry
+from common.redis.errors import RedisError, ResponseError
 
 logger = logging.getLogger(__name__)
 
@@ -49,13 +48,11 @@ ERROR_BACKOFF_S = 1.0
 #: Enqueues the delivery of one job's webhook.
 Enqueue = Callable[[str], Awaitable[None]]
 
-StreamEntry = tuple[Any, dict[Any, Any]]
-
 
 class EventFeeder:
     """Reads `events` as consumer `consumer` of group `webhooks` and enqueues deliveries."""
 
-    def __init__(self, redis: aioredis.Redis, events_key: str, consumer: str, enqueue: Enqueue) -> None:
+    def __init__(self, redis: RedisClient, events_key: str, consumer: str, enqueue: Enqueue) -> None:
         self._redis = redis
         self._events = events_key
         self._consumer = consumer
@@ -97,20 +94,19 @@ class EventFeeder:
             await self._handle(entries)
 
     async def _claim_stale(self) -> None:
-        cursor: Any = "0-0"
+        cursor = "0-0"
         while True:
             reply = await self._redis.xautoclaim(
                 self._events, FEEDER_GROUP, self._consumer, CLAIM_IDLE_MS, start_id=cursor, count=FEED_BATCH
             )
-            cursor, claimed = reply[0], reply[1]
-            # Redis 6.2 answers an entry trimmed from the stream as (None, None): nothing to do.
-            await self._handle([e for e in claimed if e[0] is not None])
-            if text(cursor) == "0-0":
+            cursor, claimed = text(reply[0]), reply[1]
+            await self._handle([e for e in claimed if _live(e)])
+            if cursor == "0-0":
                 return
 
     async def _read(self, start: str, block_ms: int | None) -> list[StreamEntry]:
         reply = await self._redis.xreadgroup(
-            FEEDER_GROUP, self._consumer, {self._events: start}, count=FEED_BATCH, block=block_ms
+            FEEDER_GROUP, self._consumer, {self._events: start}, count=FEED_BATCH, block_ms=block_ms
         )
         return [entry for _stream, entries in reply or [] for entry in entries]
 
@@ -122,6 +118,11 @@ class EventFeeder:
             if job_id is not None:
                 await self._enqueue(job_id)
         await self._redis.xack(self._events, FEEDER_GROUP, *(entry_id for entry_id, _ in entries))
+
+
+def _live(entry: ClaimedEntry) -> TypeGuard[StreamEntry]:
+    """Not an entry trimmed from the stream meanwhile (Redis 6.2 claims those as (None, None))."""
+    return entry[0] is not None
 
 
 def _webhook_job(fields: dict[Any, Any]) -> str | None:

@@ -30,8 +30,6 @@ from typing import Any, Protocol
 
 from arq.connections import ArqRedis
 from arq.worker import Retry, Worker, func
-from redis.asyncio import ConnectionPool
-from redis.exceptions import RedisError
 
 from common.config import Config, WebhookConfig
 from common.event_loop import run_network_role
@@ -39,6 +37,9 @@ from common.job_json import rfc3339
 from common.logs import log_context, redact
 from common.metrics import WEBHOOK_ATTEMPTS, serve_role_endpoints
 from common.queue import JobRecord, Keys, Queue
+from common.redis.client import RedisClient
+from common.redis.errors import RedisError
+from common.redis.settings import RedisSettings, role_settings
 from common.signals import stop_on_signals
 from workers.webhook_feeder import EventFeeder
 from workers.webhook_sender import AttemptOutcome, WebhookSender, next_delay_s
@@ -184,11 +185,12 @@ def _arq_job_lifetime_ms(hooks: WebhookConfig) -> int:
 
 
 class Deliverer:
-    """The webhooks role in one process: the event feeder and the arq worker, sharing a Redis pool."""
+    """The webhooks role in one process: the event feeder on the fleet's Redis client, the arq
+    worker on a redis-py pool (arq needs one) made from the same settings."""
 
-    def __init__(self, config: Config, redis_url: str, consumer: str | None = None) -> None:
+    def __init__(self, config: Config, redis: RedisSettings, consumer: str | None = None) -> None:
         self._config = config
-        self._redis_url = redis_url
+        self._settings = redis
         #: Stable per host by default, so a restarted deliverer finds its own unacknowledged events.
         self._consumer = consumer or socket.gethostname()
         self._stop = asyncio.Event()
@@ -196,22 +198,23 @@ class Deliverer:
 
     async def start(self) -> None:
         settings = worker_settings(self._config)
+        self._client = RedisClient(self._settings)
         self._pool = ArqRedis(
-            ConnectionPool.from_url(self._redis_url),
+            self._settings.connection_pool(),
             job_serializer=settings["job_serializer"],
             job_deserializer=settings["job_deserializer"],
             default_queue_name=settings["queue_name"],
             expires_extra_ms=settings["expires_extra_ms"],
         )
-        self._client = make_client(self._config.webhooks)
-        sender = WebhookSender(self._config.webhooks, self._client)
+        self._http = make_client(self._config.webhooks)
+        sender = WebhookSender(self._config.webhooks, self._http)
         schedule = self._config.webhooks.retry_schedule_s
         self._queue = Queue(self._pool, self._config)
         delivery = WebhookDelivery(self._queue, sender, schedule)
         ctx = {"delivery": delivery}
         self._worker = Worker(**settings, redis_pool=self._pool, handle_signals=False, ctx=ctx)
         events = Keys(self._config.redis_prefix).callbacks
-        feeder = EventFeeder(self._pool, events, self._consumer, self._enqueue)
+        feeder = EventFeeder(self._client, events, self._consumer, self._enqueue)
         # The group exists before start() returns: events written from now on are never missed.
         await feeder.ensure_group()
         self._tasks = [
@@ -261,16 +264,16 @@ class Deliverer:
         await self._queue.aclose()
         await self._pool.aclose(close_connection_pool=True)
         await self._client.aclose()
+        await self._http.aclose()
 
 
 async def serve_deliverer(
     config: Config, redis_url: str, metrics_port: int = 0, stop: asyncio.Event | None = None
 ) -> None:
     """Deliver callbacks until `stop` is set (SIGTERM/SIGINT when `stop` is None)."""
-    if not redis_url:
-        raise SystemExit("atefleet webhooks: redis.url (or $ATEFLEET_REDIS_URL) is required")
+    settings = role_settings("webhooks", redis_url)
     stop = stop or stop_on_signals()
-    deliverer = Deliverer(config, redis_url)
+    deliverer = Deliverer(config, settings)
     await deliverer.start()
     endpoints = await serve_role_endpoints("0.0.0.0", metrics_port, lambda: True) if metrics_port else None
     logger.info("webhook deliverer started", extra={"fields": {"queue": arq_queue_name(config.redis_prefix)}})

@@ -73,18 +73,14 @@ class Overview:
 
 async def overview(fleet: Fleet) -> Overview:
     k, redis = fleet.queue.keys, fleet.redis
-    pipe = redis.pipeline(transaction=False)
-    pipe.hlen(k.idle_until)
-    pipe.zrange(k.idle, 0, -1, withscores=True)
-    pipe.zcard(k.active)
-    pipe.zcard(k.work)
-    pipe.zrange(k.work, 0, 0, withscores=True)
-    pipe.xlen(k.ready)
-    pipe.xlen(k.dlq)
-    workers, idle, busy, with_work, oldest, ready, dlq = await pipe.execute()
+    counts, idle, oldest = await asyncio.gather(
+        asyncio.gather(redis.hlen(k.idle_until), redis.zcard(k.active), redis.zcard(k.work),
+                       redis.xlen(k.ready), redis.xlen(k.dlq)),
+        redis.zrange_withscores(k.idle, 0, -1), redis.zrange_withscores(k.work, 0, 0))
+    workers, busy, with_work, ready, dlq = counts
     points, sessions, backlog, capacity = await asyncio.gather(
         stats_of(fleet).series(), stats_of(fleet).sessions_by_state(), webhook_backlog(fleet),
-        Capacity(fleet.redis, fleet.config).view())
+        Capacity(fleet.queue.redis, fleet.config).view())
     oldest_s = time.time() - oldest[0][1] / 1000 if oldest else None
     return Overview(workers=int(workers), free_slots=int(sum(s for _, s in idle)), busy_sessions=int(busy),
                     sessions=sessions, sessions_with_work=int(with_work), waiting_for_worker=int(ready),
@@ -117,12 +113,11 @@ async def session_rows(fleet: Fleet, env: str, state: str, owner: str, cursor: s
 
     Looks at `SESSION_SCAN_MAX` sessions at most, so a rare state may take several pages."""
     ids, _ = await fleet.queue.list_sessions(env, cursor, SESSION_SCAN_MAX if state or owner else PAGE_ROWS)
-    pipe = fleet.redis.pipeline(transaction=False)
-    for sid in ids:
-        pipe.hmget(fleet.queue.keys.session(session_name(env, sid)), _SESSION_FIELDS)
+    fields = await asyncio.gather(*(fleet.redis.hmget(fleet.queue.keys.session(session_name(env, sid)),
+                                                      _SESSION_FIELDS) for sid in ids))
     rows: list[dict[str, str]] = []
     last = None
-    for sid, values in zip(ids, await pipe.execute(), strict=True):
+    for sid, values in zip(ids, fields, strict=True):
         last = sid
         row = {"session": sid,
                **{f: text(v) if v else "" for f, v in zip(_SESSION_FIELDS, values, strict=True)}}
@@ -137,11 +132,10 @@ async def session_rows(fleet: Fleet, env: str, state: str, owner: str, cursor: s
 
 async def job_rows(fleet: Fleet, job_ids: list[str]) -> list[dict[str, Any]]:
     """List rows of these jobs (the ones that still exist), in the order given."""
-    pipe = fleet.redis.pipeline(transaction=False)
-    for jid in job_ids:
-        pipe.hmget(fleet.queue.keys.job(jid), _ROW_FIELDS)
+    keys = fleet.queue.keys
+    fields = await asyncio.gather(*(fleet.redis.hmget(keys.job(jid), _ROW_FIELDS) for jid in job_ids))
     rows = []
-    for jid, values in zip(job_ids, await pipe.execute(), strict=True):
+    for jid, values in zip(job_ids, fields, strict=True):
         f = {name: text(v) for name, v in zip(_ROW_FIELDS, values, strict=True) if v is not None}
         if "st" in f:
             rows.append(_job_row(jid, f))
@@ -185,10 +179,9 @@ async def _live_jobs(fleet: Fleet, state: str) -> list[dict[str, Any]]:
     k = fleet.queue.keys
     index = k.active if state == JobState.RUNNING else k.work
     sessions = await fleet.redis.zrange(index, 0, PAGE_ROWS - 1)
-    pipe = fleet.redis.pipeline(transaction=False)
-    for s in sessions:
-        pipe.lrange(k.fifo(text(s)), 0, 0 if state == JobState.RUNNING else 1)
-    ids = [text(j) for heads in await pipe.execute() for j in heads]
+    last = 0 if state == JobState.RUNNING else 1
+    fifos = await asyncio.gather(*(fleet.redis.lrange(k.fifo(text(s)), 0, last) for s in sessions))
+    ids = [text(j) for heads in fifos for j in heads]
     return [r for r in await job_rows(fleet, ids) if r["state"] == state][:PAGE_ROWS]
 
 
@@ -232,7 +225,7 @@ def timeline(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 async def job_detail(fleet: Fleet, job: JobRecord) -> dict[str, Any]:
     """The job's request (names of its env variables, never values), timings and output so far."""
     output = await fleet.queue.read_output(job.id, count=OUTPUT_ENTRIES)
-    raw = await fleet.redis.hmget(fleet.queue.keys.job(job.id), ["lr", "rp"])  # type: ignore[misc]
+    raw = await fleet.redis.hmget(fleet.queue.keys.job(job.id), ["lr", "rp"])
     last_reason, replayed = (text(v) if v else None for v in raw)
     return {"job": job, "output": [(i, f) for i, f in output if f.get("event") != "end"],
             "last_output_id": output[-1][0] if output else "0-0",

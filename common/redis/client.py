@@ -47,6 +47,12 @@ class RedisClient:
         """Raises RedisSettingsError naming what the URL gets wrong."""
         return cls(RedisSettings.from_url(url), max_blocking)
 
+    async def __aenter__(self) -> RedisClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
     async def aclose(self) -> None:
         """Close every connection; blocked callers get ConnectionError."""
         links = [self.link, *self._idle_blocking, *self._busy_blocking]

@@ -11,6 +11,7 @@ from webhook_fixtures import DelivererFactory, Fleet, Receiver, make_config
 
 from common.config import Config
 from common.queue import Queue
+from common.redis.settings import RedisSettings
 from workers.webhooks import Deliverer
 
 
@@ -36,7 +37,8 @@ async def start_deliverer(redis_url: str) -> AsyncIterator[DelivererFactory]:
     started: list[Deliverer] = []
 
     async def start(config: Config | None = None) -> Deliverer:
-        deliverer = Deliverer(config or make_config(), redis_url, consumer="test-deliverer")
+        settings = RedisSettings.from_url(redis_url)
+        deliverer = Deliverer(config or make_config(), settings, consumer="test-deliverer")
         await deliverer.start()
         started.append(deliverer)
         return deliverer
