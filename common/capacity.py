@@ -16,7 +16,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from enum import StrEnum
-from importlib import resources
 from typing import Any
 
 from redis.asyncio import Redis
@@ -24,6 +23,7 @@ from redis.asyncio import Redis
 from common.config import Config
 from common.queue.keys import Keys
 from common.queue.models import text
+from common.redis.scripts import ScriptRunner, load_script
 
 #: Waiters at these first places of the queue ask Substrate for a worker; the rest wait their turn.
 ADMIT_WINDOW = 4
@@ -63,11 +63,6 @@ class Turn:
         return self.rank < ADMIT_WINDOW
 
 
-def _script_source(keys: Keys) -> str:
-    body = resources.files("common").joinpath("lua", "capacity_turn.lua").read_text()
-    return keys.lua_prelude() + body
-
-
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -79,7 +74,8 @@ class Capacity:
         self.redis = redis
         self.config = config
         self.keys = Keys(config.redis_prefix)
-        self._turn = redis.register_script(_script_source(self.keys))
+        self._turn = load_script("common", "capacity_turn", self.keys)
+        self._scripts = ScriptRunner(redis.execute_command)
         self._background_ok = [e.name for e in config.environments if e.suspend_with_background]
 
     async def waiting(self) -> int:
@@ -90,7 +86,7 @@ class Capacity:
         """Join the wait queue at `since_ms` (when the waiting job was created: first come, first
         served; now by default), or keep the place; maybe get a session to park (see the script)."""
         now = now_ms()
-        rank, park = await self._turn(args=[
+        rank, park = await self._scripts.call(self._turn, args=[
             session, now, since_ms or now, int(self.config.workers.min_idle_s * 1000), PARK_LAPSE_MS,
             2 * ADMIT_WINDOW, *self._background_ok])
         return Turn(int(rank), text(park) or None)

@@ -1,7 +1,8 @@
 """The reconciler's Redis side: its own keys, its Lua scripts, and one typed method per script.
 
 Every key name (sessions, leases, FIFOs, `events`, the leader lease and its fencing epoch) comes
-from `common.queue.keys.Keys`. Scripts (`lua/`) get the queue's key prelude, so key shapes are written once.
+from `common.queue.keys.Keys`: the scripts (`lua/`) declare the keys they take and go through the
+fleet's script registry (common/redis/scripts.py), like the queue's.
 Every write to a session is fenced three ways (see `repair_session.lua`): this instance still
 leads, no worker holds the session's lease, and the session's epoch and state are the ones the
 survey saw.
@@ -12,17 +13,18 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.commands.core import AsyncScript
 
 from common.queue.keys import Keys, session_name
 from common.queue.models import text
 from common.queue.scripts import EVENTS_MAXLEN
+from common.redis.link import RedisArg
+from common.redis.scripts import ScriptRunner, load_script
 
-RedisArg = str | int | float | bytes
+SCRIPT_NAMES = ("survey", "repair_session", "actor_drift", "leader_acquire", "leader_renew",
+                "leader_release", "gc_keys", "prune_index")
 
 #: Sessions read per survey script call: bounds how long one call blocks Redis (~1-2 ms).
 SURVEY_PAGE = 500
@@ -69,10 +71,6 @@ def _rows(environment: str, flat: Sequence[Any]) -> list[SessionRow]:
     return rows
 
 
-def _load(name: str) -> str:
-    return resources.files("reconciler").joinpath("lua", name).read_text()
-
-
 @dataclass(frozen=True)
 class GcFixes:
     """What one `gc_keys` call repaired."""
@@ -89,23 +87,19 @@ class ReconcilerStore:
     def __init__(self, redis: Redis, keys: Keys) -> None:
         self.redis = redis
         self.keys = keys
-        header = keys.lua_prelude() + f"local EVENTS_MAXLEN = {EVENTS_MAXLEN}\n"
-        # redis-py's registered scripts run by EVALSHA and reload themselves on NOSCRIPT.
-        self._s: dict[str, AsyncScript] = {
-            name: redis.register_script(header + _load(f"{name}.lua"))
-            for name in ("survey", "repair_session", "actor_drift", "leader_acquire", "leader_renew",
-                         "leader_release", "gc_keys", "prune_index")
-        }
+        prelude = f"local EVENTS_MAXLEN = {EVENTS_MAXLEN}\n"
+        self._s = {name: load_script("reconciler", name, keys, prelude) for name in SCRIPT_NAMES}
+        self._runner = ScriptRunner(redis.execute_command)
 
-    async def _run(self, name: str, keys: Sequence[str], args: Sequence[RedisArg]) -> Any:
-        return await self._s[name](keys=list(keys), args=list(args))
+    async def _run(self, name: str, args: Sequence[RedisArg], of: Sequence[Any] = (),
+                   each: Sequence[Sequence[Any]] = ()) -> Any:
+        return await self._runner.call(self._s[name], of, each, args)
 
     # -- sessions --------------------------------------------------------------------------------
     async def survey(self, environment: str, cursor: str = "", count: int = SURVEY_PAGE
                      ) -> tuple[list[SessionRow], str | None]:
         """One page of the environment's sessions after `cursor`; (rows, next cursor or None)."""
-        flat = await self._run("survey", [self.keys.session_index(environment)],
-                               [session_name(environment, ""), cursor, count])
+        flat = await self._run("survey", [session_name(environment, ""), cursor, count], (environment,))
         rows = _rows(environment, flat)
         return rows, (rows[-1].session_id if len(rows) == count else None)
 
@@ -126,36 +120,32 @@ class ReconcilerStore:
                                 int(now * 1000), f"{now:.3f}"]
         for name, value in (fields or {}).items():
             args += [name, value]
-        keys = [self.keys.reconciler_leader, self.keys.lease(session), self.keys.session(session),
-                self.keys.events]
-        return text(await self._run("repair_session", keys, args))
+        return text(await self._run("repair_session", args, (session,)))
 
     async def record_actor_drift(self, leader: str, atespace: str, actor: str, kind: str,
                                  detail: str) -> bool:
         """An `events` entry for a drift of an actor without a session; False if not the leader."""
-        raw = await self._run("actor_drift", [self.keys.reconciler_leader, self.keys.events],
-                              [leader, atespace, actor, kind, detail, int(time.time() * 1000)])
+        raw = await self._run("actor_drift", [leader, atespace, actor, kind, detail, int(time.time() * 1000)])
         return int(raw) == 1
 
     async def prune_index(self, environment: str, session_ids: Sequence[str]) -> int:
         if not session_ids:
             return 0
-        raw = await self._run("prune_index", [self.keys.session_index(environment)],
-                              [session_name(environment, ""), *session_ids])
+        raw = await self._run("prune_index", session_ids, (environment,),
+                              [(session_name(environment, sid),) for sid in session_ids])
         return int(raw)
 
     # -- leader lease ----------------------------------------------------------------------------
     async def leader_acquire(self, instance: str, ttl_ms: int) -> tuple[bool, str]:
         """(True, our value) when we became leader, else (False, the current leader's value)."""
-        keys = [self.keys.reconciler_leader, self.keys.reconciler_epoch]
-        raw = await self._run("leader_acquire", keys, [instance, ttl_ms])
+        raw = await self._run("leader_acquire", [instance, ttl_ms])
         return int(raw[0]) == 1, text(raw[1])
 
     async def leader_renew(self, value: str, ttl_ms: int) -> bool:
-        return int(await self._run("leader_renew", [self.keys.reconciler_leader], [value, ttl_ms])) == 1
+        return int(await self._run("leader_renew", [value, ttl_ms])) == 1
 
     async def leader_release(self, value: str) -> bool:
-        return int(await self._run("leader_release", [self.keys.reconciler_leader], [value])) == 1
+        return int(await self._run("leader_release", [value])) == 1
 
     async def leader_pttl_ms(self) -> int:
         """Remaining lease time of whoever leads (-2: nobody)."""
@@ -171,7 +161,7 @@ class ReconcilerStore:
         """batch = (kind letter, key, job key); see gc_keys.lua."""
         if not batch:
             return GcFixes()
-        keys = [k for _, key, job in batch for k in (key, job)]
         kinds = "".join(kind for kind, _, _ in batch)
-        raw = await self._run("gc_keys", keys, [kinds, job_ttl_ms, idem_ttl_ms, output_ttl_ms])
+        raw = await self._run("gc_keys", [kinds, job_ttl_ms, idem_ttl_ms, output_ttl_ms],
+                              each=[(key, job) for _, key, job in batch])
         return GcFixes(*(int(x) for x in raw))

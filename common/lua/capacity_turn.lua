@@ -4,6 +4,7 @@
 -- owner, idle at least the minimum, and no background process unless its environment allows
 -- suspending them. The pick is marked in flight, so no other waiter picks it too.
 --
+--! keys: capacity_wait parking running
 -- ARGV[1] waiting session   ARGV[2] now_ms   ARGV[3] its place: unix ms its job was created (a
 --         re-run of the job after its worker died takes the same place again)
 -- ARGV[4] minimum idle ms   ARGV[5] ms after which a park in flight is forgotten (its job died
@@ -12,7 +13,8 @@
 --         sessions may be parked while background processes run
 -- Returns {rank (0 = first in line), session to park or ''}
 -- Touches: capacity:wait, capacity:parking, running; reads lease:{s} of the first waiters, and
--- sess:{s}, lease:{s}, sq:{s} of the running sessions (as many as Substrate has workers busy).
+-- sess:{s}, lease:{s}, sq:{s} of the running sessions (as many as Substrate has workers busy;
+-- computed: sessions read from capacity:wait and running).
 
 local me, now = ARGV[1], tonumber(ARGV[2])
 -- A waiting resume holds its session's lease; one at the front without it died with its worker

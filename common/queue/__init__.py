@@ -5,8 +5,8 @@
 - `Consumer` + `JobContext`: the worker runtime driving a handler callback; `leases`: its lease
   keeping (renewal, cancel requests, loss).
 - `JobWaiter`: wait for terminal jobs over one shared subscription.
-- `keys`: every key name; `scripts`: the Lua scripts (in `lua/`) and their typed calls;
-  `batcher`: sends script calls made in the same loop turn as one pipeline.
+- `keys`: every key name; `scripts`: the Lua scripts (in `lua/`) and their typed calls (sent
+  through `common.redis.scripts`).
 """
 
 from common.queue.consumer import Consumer

@@ -4,9 +4,9 @@ Per-session keys carry the session as a hash tag, `{env/sid}`, so that one sessi
 share a slot on a cluster. The scripts also touch the fleet-wide keys (`ready`, `events`, ...), so
 the queue as a whole needs a single Redis node; the tags are for locality, not for Cluster.
 
-Python reads keys through `Keys`; Lua scripts build the same names from the prelude that
-`Keys.lua_prelude` generates, so key shapes are written down once, here, and script calls carry
-only values (fewer arguments to encode on the hot path).
+Python builds every name here: the KEYS each script declares (common/redis/scripts.py) and the
+keys it reads directly. A script computes a name itself only from data it reads (a job id from a
+FIFO), with the builders `Keys.lua_prelude` generates from the same shapes.
 """
 
 from __future__ import annotations
@@ -221,33 +221,25 @@ class Keys:
         return f"{self.prefix}stats:drifts:{{{session}}}"
 
     def lua_prelude(self) -> str:
-        """Lua: the fleet-wide key names as constants and builders for per-session/per-job names.
+        """Lua: the pub/sub channels, and a builder per kind of per-subject key (`job_key(jid)`,
+        `sess_key(session)`, ...; `common.redis.scripts.KINDS` names the same kinds).
 
-        Scripts build every name they touch from this prelude, so the shapes are written once
-        (here) and calls carry only values.
+        A script gets the keys its caller names as declared KEYS; the builders are for the keys it
+        can only compute from data it reads (a job id from a FIFO, a worker from `idle`), which
+        `common.redis.scripts.COMPUTED_KEYS` lists per script.
         """
         p = _lua_string(self.prefix)
-        constants = {
-            "K_READY": self.ready, "K_EVENTS": self.events, "K_CALLBACKS": self.callbacks, "K_DLQ": self.dlq,
-            "K_DELAYED": self.delayed, "K_ACTIVE": self.active, "K_WORK": self.work,
-            "K_IDLE": self.idle, "K_IDLE_UNTIL": self.idle_until,
-            "K_RUNNING": self.running, "K_PARKED": self.parked, "K_CAPACITY_WAIT": self.capacity_wait,
-            "K_PARKING": self.parking,
-            "CH_DONE": self.done_channel, "CH_CANCEL": self.cancel_channel, "K_AUDIT": self.audit,
-        }
-        lines = [f"local {name} = {_lua_string(value)}\n" for name, value in constants.items()]
-        return "".join(lines) + (
+        return (
+            f"local CH_DONE = {_lua_string(self.done_channel)}\n"
+            f"local CH_CANCEL = {_lua_string(self.cancel_channel)}\n"
             f"local function job_key(j) return {p} .. 'job:' .. j end\n"
             f"local function out_key(j) return {p} .. 'out:' .. j end\n"
             f"local function sec_key(j) return {p} .. 'sec:' .. j end\n"
             f"local function fifo_key(s) return {p} .. 'sq:{{' .. s .. '}}' end\n"
             f"local function sess_key(s) return {p} .. 'sess:{{' .. s .. '}}' end\n"
             f"local function lease_key(s) return {p} .. 'lease:{{' .. s .. '}}' end\n"
-            f"local function idem_key(principal, k) return {p} .. 'idem:' .. principal .. ':' .. k end\n"
-            f"local function index_key(env) return {p} .. 'sessions:' .. env end\n"
             f"local function inbox_key(w) return {p} .. 'inbox:' .. w end\n"
             f"local function owned_key(pr) return {p} .. 'owned:' .. pr end\n"
-            f"local function pjobs_key(pr) return {p} .. 'pjobs:' .. pr end\n"
             f"local function obytes_key(pr) return {p} .. 'obytes:' .. pr end\n"
         )
 

@@ -97,8 +97,10 @@ class Queue:
         self.lease_ttl_ms = int(config.workers.lease_ttl_s * 1000)
         #: `wait_handoffs`' connection when its caller brings none (opened on first use).
         self._inbox_link = RedisLink(redis)
+        #: The scripts' pipelined connection (opened on first use).
+        self._script_link = RedisLink(redis)
         self.output_limits = OutputLimits.of(config.jobs)
-        self.scripts = QueueScripts(redis, self.keys, ScriptLimits(
+        self.scripts = QueueScripts(self._script_link.execute, self.keys, ScriptLimits(
             ttl_ms=int(config.jobs.ttl_s * 1000),
             end_ttl_ms=end_marker_ttl_ms,
             output_ttl_ms=int(config.jobs.output_ttl_s * 1000),
@@ -111,7 +113,7 @@ class Queue:
 
     async def aclose(self) -> None:
         """Close the queue's own connections; the redis client passed in stays the caller's."""
-        await self.scripts.aclose()
+        await self._script_link.aclose()
         await self._inbox_link.aclose()
 
     # -- API side --------------------------------------------------------------------------------

@@ -2,8 +2,10 @@
 -- record or output stream without TTL, secrets of a finished or vanished job, an idempotency
 -- key without TTL. Everything is re-checked here, so a key that changed since SCAN is left alone.
 --
--- KEYS: pairs (key, job:{jid} of that key; the key itself for job and idempotency keys)
--- ARGV[1] one kind letter per pair: j job record, o output stream, s secrets, i idempotency key
+--! keys each (key, job): key(key) key(job)
+-- (item i: a key SCAN found, and the job:{jid} record it belongs to; the key itself for job
+-- records and idempotency keys)
+-- ARGV[1] one kind letter per item: j job record, o output stream, s secrets, i idempotency key
 -- ARGV[2] terminal ttl ms   ARGV[3] idempotency ttl ms   ARGV[4] finished output ttl ms
 -- Returns {records given a TTL, streams given a TTL, secrets deleted, idempotency keys given a TTL}
 
@@ -11,10 +13,11 @@ local TERMINAL = {succeeded = true, failed = true, cancelled = true}
 local fixed = {0, 0, 0, 0}
 local kinds = ARGV[1]
 for i = 1, #kinds do
-  local kind, key, job = string.sub(kinds, i, i), KEYS[2 * i - 1], KEYS[2 * i]
+  local kind, k = string.sub(kinds, i, i), each_keys(i)
+  local key = k.key
   if redis.call('PTTL', key) == -1 then
     local st = false
-    if kind ~= 'i' then st = redis.call('HGET', job, 'st') end
+    if kind ~= 'i' then st = redis.call('HGET', k.job, 'st') end
     local finished = (not st) or TERMINAL[st]
     if kind == 'j' and st and TERMINAL[st] then
       redis.call('PEXPIRE', key, ARGV[2]); fixed[1] = fixed[1] + 1

@@ -1,15 +1,16 @@
 -- survey.lua: one page of an environment's sessions with what every pass decides on.
 --
--- KEYS[1] sessions:{env} (the environment's session index)
+--! keys of (env): index(env)
 -- ARGV[1] session name prefix "env/" (session_name(env, ""))   ARGV[2] exclusive lex cursor
 --         ('' = from the start)   ARGV[3] page size
 -- Returns a flat list, 8 values per session:
 --   sid, state, last_activity, epoch, snapshot_kept, queued jobs (LLEN), leased (0/1), exists (0/1)
--- Also touches (reads only), per session: sess:{s}, sq:{s}, lease:{s}.
+-- Touches (reads only): sessions:{env}; per session (computed: ids read from the index): sess:{s},
+-- sq:{s}, lease:{s}.
 
 local low = '-'
 if ARGV[2] ~= '' then low = '(' .. ARGV[2] end
-local sids = redis.call('ZRANGEBYLEX', KEYS[1], low, '+', 'LIMIT', 0, tonumber(ARGV[3]))
+local sids = redis.call('ZRANGEBYLEX', K_INDEX, low, '+', 'LIMIT', 0, tonumber(ARGV[3]))
 local out = {}
 for _, sid in ipairs(sids) do
   local session = ARGV[1] .. sid

@@ -1,4 +1,4 @@
-"""RedisLink and ScriptBatcher on real Redis: order, errors, script reload, reconnects."""
+"""RedisLink on real Redis: order, errors, reconnects (script reload: tests/redis/test_redis_scripts.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from common.embedded_redis import redis_server_binary
 from common.event_loop import run_network_role
-from common.queue.batcher import LuaScript, ScriptBatcher
 from common.redis.errors import reply_error
 from common.redis.link import RedisLink, encode_command
 
@@ -25,7 +24,7 @@ def test_encode_command_is_resp_bulk_strings() -> None:
 
 def test_error_replies_are_raised_as_redis_py_raises_them() -> None:
     # a restarted Redis reading its AOF answers LOADING: an outage to retry (the API's 503), not
-    # an unexpected error (a 500); NOSCRIPT makes the batcher load the script
+    # an unexpected error (a 500); NOSCRIPT makes the script registry load the script
     loading = reply_error("LOADING Redis is loading the dataset in memory")
     assert isinstance(loading, BusyLoadingError) and isinstance(loading, RedisConnectionError)
     assert isinstance(reply_error("NOSCRIPT No matching script."), NoScriptError)
@@ -90,18 +89,6 @@ async def test_a_killed_connection_fails_in_flight_calls_and_the_next_reconnects
         assert await link.execute("PING") == b"PONG"
     finally:
         await link.aclose()
-
-
-async def test_scripts_forgotten_by_redis_are_reloaded(redis_client: aioredis.Redis) -> None:
-    batcher = ScriptBatcher(redis_client)
-    script = LuaScript("return ARGV[1] .. '!'")
-    try:
-        assert await batcher.call(script, (), ["a"]) == b"a!"
-        await redis_client.script_flush()
-        results = await asyncio.gather(*(batcher.call(script, (), [str(i)]) for i in range(20)))
-    finally:
-        await batcher.aclose()
-    assert results == [f"{i}!".encode() for i in range(20)]
 
 
 def test_the_link_runs_on_uvloop(redis_url: str) -> None:

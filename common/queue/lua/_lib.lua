@@ -1,9 +1,12 @@
--- _lib.lua: shared helpers, prepended to every script by common/queue/scripts.py after the
--- generated prelude. Not a script by itself.
+-- _lib.lua: shared helpers, prepended to every queue script by common/queue/scripts.py after the
+-- declared keys and the builders of computed keys (common/redis/scripts.py). Not a script itself.
 --
--- From the prelude (common/queue/keys.py `Keys.lua_prelude`): K_READY, K_EVENTS, K_CALLBACKS, K_DLQ, K_DELAYED,
--- K_ACTIVE, K_WORK, K_IDLE, K_IDLE_UNTIL, CH_DONE, CH_CANCEL and the builders job_key, out_key,
--- sec_key, fifo_key, sess_key, lease_key, idem_key, index_key, inbox_key.
+-- A helper reads the fleet-wide keys a script declares (K_EVENTS, K_ACTIVE, ...): a script
+-- declares every one its helpers reach (tests/redis/test_redis_scripts.py checks it). A
+-- session's keys travel as a table S = {id = "env/sid", fifo = sq:{s}, sess = sess:{s},
+-- lease = lease:{s}}, a job's as J = {id = jid, job = job:{jid}, out = out:{jid},
+-- sec = sec:{jid}}: declared by the script for the session or job its caller names, built
+-- (`session_keys`) for one it reads.
 -- From the config (common/queue/scripts.py): EVENTS_MAXLEN, DLQ_MAXLEN, TTL_MS (terminal jobs),
 -- END_TTL_MS (streams written only to wake a blocked reader), OUT_TTL_MS (finished output
 -- streams), FOLD_MAX (output folded into the record at most), OUT_MAXLEN, LEASE_TTL_MS,
@@ -35,25 +38,30 @@ local function append_chunks(key, output)
   end
 end
 
--- Whether `value` is the session's lease value (the fencing check of every worker write).
-local function owns(session, value)
-  return redis.call('GET', lease_key(session)) == value
+-- Whether `value` is what the lease key `lk` holds (the fencing check of every worker write).
+local function owns(lk, value)
+  return redis.call('GET', lk) == value
 end
 
--- Mark the head job running under `epoch` and return {jid, field, value, ...}, or false when the
--- FIFO is empty. A head job already running was interrupted (lease lost): it keeps its state and
--- start time and is handed out again under the new epoch. Ghost ids (no record) are dropped.
-local function take_head(session, epoch, now)
-  local fifo = fifo_key(session)
+-- The keys of a session whose name the script read from data (no caller could declare them).
+local function session_keys(s)
+  return {id = s, fifo = fifo_key(s), sess = sess_key(s), lease = lease_key(s)}
+end
+
+-- Mark the head job of session S running under `epoch` and return {jid, field, value, ...}, or
+-- false when the FIFO is empty. A head job already running was interrupted (lease lost): it keeps
+-- its state and start time and is handed out again under the new epoch. Ghost ids (no record)
+-- are dropped.
+local function take_head(S, epoch, now)
   while true do
-    local jid = redis.call('LINDEX', fifo, 0)
+    local jid = redis.call('LINDEX', S.fifo, 0)
     if not jid then return false end
     local jk = job_key(jid)
     local f = redis.call('HMGET', jk, 'st', 'cb')
     local st = f[1]
     if st == 'queued' then
       redis.call('HSET', jk, 'st', 'running', 'ep', epoch, 'sa', now)
-      emit(jid, session, 'running', now, f[2])
+      emit(jid, S.id, 'running', now, f[2])
     elseif st == 'running' then
       redis.call('HSET', jk, 'ep', epoch)
     end
@@ -62,26 +70,25 @@ local function take_head(session, epoch, now)
       table.insert(out, 1, jid)
       return out
     end
-    redis.call('LPOP', fifo)
+    redis.call('LPOP', S.fifo)
   end
 end
 
--- Take the session's lease for `worker` (a new epoch) and its head job, now running. Returns the
+-- Take session S's lease for `worker` (a new epoch) and its head job, now running. Returns the
 -- handoff (session, epoch, jid, field, value, ...) or false when the FIFO held nothing to run.
 -- The caller has checked that nobody owns the session and that it is not backing off.
-local function take_session(session, worker, now)
-  local epoch = redis.call('HINCRBY', sess_key(session), 'epoch', 1)
-  local lk = lease_key(session)
-  redis.call('SET', lk, worker .. ':' .. epoch, 'PX', LEASE_TTL_MS)
-  redis.call('ZADD', K_ACTIVE, now + LEASE_TTL_MS, session)
-  local head = take_head(session, epoch, now)
+local function take_session(S, worker, now)
+  local epoch = redis.call('HINCRBY', S.sess, 'epoch', 1)
+  redis.call('SET', S.lease, worker .. ':' .. epoch, 'PX', LEASE_TTL_MS)
+  redis.call('ZADD', K_ACTIVE, now + LEASE_TTL_MS, S.id)
+  local head = take_head(S, epoch, now)
   if not head then
-    redis.call('DEL', lk)
-    redis.call('ZREM', K_ACTIVE, session)
+    redis.call('DEL', S.lease)
+    redis.call('ZREM', K_ACTIVE, S.id)
     return false
   end
   table.insert(head, 1, epoch)
-  table.insert(head, 1, session)
+  table.insert(head, 1, S.id)
   return head
 end
 
@@ -104,43 +111,42 @@ local function idle_worker(now)
   end
 end
 
--- A session has work and no owner: hand it to an idle worker (its lease taken for that worker,
+-- Session S has work and no owner: hand it to an idle worker (its lease taken for that worker,
 -- the head job pushed to the worker's inbox, which the worker is blocked on), or, when no worker
 -- has a free slot, add a `ready` entry, unless one is outstanding (`nid`) or it is backing off.
-local function notify(session, now)
-  local sk = sess_key(session)
-  if redis.call('HEXISTS', sk, 'nid') == 1 then return 0 end
-  if redis.call('ZSCORE', K_DELAYED, session) then return 0 end
+local function notify(S, now)
+  if redis.call('HEXISTS', S.sess, 'nid') == 1 then return 0 end
+  if redis.call('ZSCORE', K_DELAYED, S.id) then return 0 end
   local worker = idle_worker(now)
   if worker then
-    local handoff = take_session(session, worker, now)
+    local handoff = take_session(S, worker, now)
     if not handoff then return 0 end
     if tonumber(redis.call('ZINCRBY', K_IDLE, -1, worker)) <= 0 then redis.call('ZREM', K_IDLE, worker) end
     redis.call('RPUSH', inbox_key(worker), cjson.encode(handoff))
     return 1
   end
-  local id = redis.call('XADD', K_READY, '*', 's', session)
-  redis.call('HSET', sk, 'nid', id)
+  local id = redis.call('XADD', K_READY, '*', 's', S.id)
+  redis.call('HSET', S.sess, 'nid', id)
   return 1
 end
 
--- Drop the lease; re-notify when work remains so another turn (any worker) picks it up.
-local function release(session, now)
-  redis.call('DEL', lease_key(session))
-  redis.call('ZREM', K_ACTIVE, session)
-  if redis.call('LLEN', fifo_key(session)) > 0 then notify(session, now) end
+-- Drop session S's lease; re-notify when work remains so another turn (any worker) picks it up.
+local function release(S, now)
+  redis.call('DEL', S.lease)
+  redis.call('ZREM', K_ACTIVE, S.id)
+  if redis.call('LLEN', S.fifo) > 0 then notify(S, now) end
 end
 
--- Release the sessions handed to `worker` that it has not taken from its inbox (their leases
--- still its own) and empty the inbox. Returns how many were released.
-local function hand_back(worker, now)
-  local inbox = inbox_key(worker)
+-- Release the sessions handed to `worker` (its inbox: the key `inbox`) that it has not taken
+-- (their leases still its own) and empty the inbox. Returns how many were released.
+local function hand_back(inbox, worker, now)
   local n = 0
   for _, raw in ipairs(redis.call('LRANGE', inbox, 0, -1)) do
     if raw ~= '' then
       local handoff = cjson.decode(raw)
-      if owns(handoff[1], worker .. ':' .. handoff[2]) then
-        release(handoff[1], now)
+      local S = session_keys(handoff[1])
+      if owns(S.lease, worker .. ':' .. handoff[2]) then
+        release(S, now)
         n = n + 1
       end
     end
@@ -149,18 +155,17 @@ local function hand_back(worker, now)
   return n
 end
 
--- Terminal transition: out of the FIFO, record state + result/error, TTLs, output, secrets
--- gone, event, and the waiters' channel. `field` is 'res' or 'err' (or false for none);
--- `output` the output the worker still held (JSON, see append_chunks; '' for none) and
+-- Terminal transition of job J of session S: out of the FIFO, record state + result/error, TTLs,
+-- output, secrets gone, event, and the waiters' channel. `field` is 'res' or 'err' (or false for
+-- none); `output` the output the worker still held (JSON, see append_chunks; '' for none) and
 -- `truncated` what was cut ('output', 'result', both comma-separated, or '').
 -- A job already terminal is left alone (a retried call whose first reply was lost): false.
 -- The first write is LREM (not refused at maxmemory), so under a full Redis it still runs whole.
-local function finish(jid, session, state, field, value, now, output, truncated)
-  local jk = job_key(jid)
+local function finish(J, S, state, field, value, now, output, truncated)
+  local jid, jk = J.id, J.job
   local f = redis.call('HMGET', jk, 'st', 'cb', 'ow')
   if TERMINAL[f[1] or ''] then return false end
-  local fifo = fifo_key(session)
-  redis.call('LREM', fifo, 1, jid)
+  redis.call('LREM', S.fifo, 1, jid)
   if field then
     redis.call('HSET', jk, 'st', state, 'fa', now, field, value)
   else
@@ -175,8 +180,8 @@ local function finish(jid, session, state, field, value, now, output, truncated)
   end
   if truncated and truncated ~= '' then redis.call('HSET', jk, 'tr', truncated) end
   redis.call('PEXPIRE', jk, TTL_MS)
-  redis.call('DEL', sec_key(jid))
-  local ok = out_key(jid)
+  redis.call('DEL', J.sec)
+  local ok = J.out
   output = output or ''
   if redis.call('EXISTS', ok) == 1 or #output > FOLD_MAX then
     -- Streamed: its tail, the end marker, and as long as a reader may still stream it.
@@ -193,13 +198,13 @@ local function finish(jid, session, state, field, value, now, output, truncated)
       redis.call('PEXPIRE', ok, END_TTL_MS)
     end
   end
-  emit(jid, session, state, now, f[2])
+  emit(jid, S.id, state, now, f[2])
   -- A finished job is session activity (what idle suspension measures from), in unix seconds.
-  redis.call('HSET', sess_key(session), 'last_activity', string.format('%.3f', tonumber(now) / 1000))
+  redis.call('HSET', S.sess, 'last_activity', string.format('%.3f', tonumber(now) / 1000))
   -- The waiters' note carries a small answer inline, so a sync caller needs no read of the record.
   local note = jid .. ' ' .. state
   if field and #value <= DONE_INLINE_MAX then note = note .. ' ' .. field .. ' ' .. value end
   redis.call('PUBLISH', CH_DONE, note)
-  if redis.call('LLEN', fifo) == 0 then redis.call('ZREM', K_WORK, session) end
+  if redis.call('LLEN', S.fifo) == 0 then redis.call('ZREM', K_WORK, S.id) end
   return true
 end

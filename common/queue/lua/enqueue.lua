@@ -1,5 +1,7 @@
 -- enqueue.lua: record N jobs atomically, each appended to its session's FIFO.
 --
+--! keys: work events callbacks audit active delayed idle idle_until ready
+--! keys each (j, s, env, pr, idem): job(j) sec(j) fifo(s) sess(s) lease(s) index(env) idem(idem) owned(pr) pjobs(pr) obytes(pr)
 -- ARGV[1] now_ms   ARGV[2] N
 -- ARGV[3..7] the principal's quotas (0 = none): sessions owned, jobs queued per session, jobs
 --   queued in total, output bytes stored; then the audit stream's MAXLEN (0 = no audit records)
@@ -16,10 +18,12 @@
 --      or {'denied', i}  (job i's session belongs to another principal; nothing written)
 --      or {'quota', i, name, retry_after_ms}  (job i would exceed quota `name`; 0 = only the
 --         principal's own action frees it; nothing written)
--- Touches: job:{jid}, sec:{jid}, sq:{sess}, sess:{sess}, idem:{principal}:{key}, sessions:{env},
--- work, events, owned:{principal}, pjobs:{principal}, obytes:{principal} (read), audit; a
--- session with no lease, no outstanding notification and no backoff is handed to an idle worker
--- (lease, inbox) or added to `ready` (see notify in _lib.lua).
+-- Touches: job:{jid}, sec:{jid}, sq:{sess}, sess:{sess}, idem:{principal}:{key} (a job without
+-- an idempotency key declares one it never touches), sessions:{env}, work, events,
+-- owned:{principal}, pjobs:{principal}, obytes:{principal} (read), audit; the records of the
+-- principal's jobs (computed: ids read from pjobs, near the jobs quota); a session with no lease,
+-- no outstanding notification and no backoff is handed to an idle worker (lease, inbox) or added
+-- to `ready` (see notify in _lib.lua).
 
 local n = tonumber(ARGV[2])
 local now = ARGV[1]
@@ -30,6 +34,8 @@ local W = 13
 local sec_base = 7 + W * n
 -- Ended jobs looked for (oldest first) when a principal reaches its jobs quota: bounds the cost.
 local PRUNE_MAX = 100
+local K = {}
+for i = 1, n do K[i] = each_keys(i) end
 
 -- Phase 1: resolve idempotency keys before writing anything, so a conflict aborts the batch.
 local replay = {}
@@ -37,7 +43,7 @@ local seen = {}
 for i = 1, n do
   local b = 7 + W * (i - 1)
   if ARGV[b + 10] ~= '' then
-    local ik = idem_key(ARGV[b + 7], ARGV[b + 10])
+    local ik = K[i].idem
     local prior = seen[ik]
     if not prior then
       local v = redis.call('GET', ik)
@@ -55,9 +61,9 @@ for i = 1, n do
   end
 end
 
--- Jobs of `principal` not ended yet, after forgetting up to PRUNE_MAX ended ones (oldest first).
-local function jobs_in_flight(principal)
-  local key = pjobs_key(principal)
+-- Jobs in a principal's pjobs `key` not ended yet, after forgetting up to PRUNE_MAX ended ones
+-- (oldest first).
+local function jobs_in_flight(key)
   for _, jid in ipairs(redis.call('ZRANGE', key, 0, PRUNE_MAX - 1)) do
     local st = redis.call('HGET', job_key(jid), 'st')
     if not st or TERMINAL[st] then redis.call('ZREM', key, jid) end
@@ -75,7 +81,7 @@ for i = 1, n do
   if not replay[i] and tenancy ~= '' then
     local session, principal = ARGV[b + 2], ARGV[b + 7]
     if not claims[session] then
-      local owner = redis.call('HGET', sess_key(session), 'own')
+      local owner = redis.call('HGET', K[i].sess, 'own')
       if owner and owner ~= principal then
         if tenancy == 'own' then return {'denied', i} end
         others[session] = true
@@ -83,23 +89,23 @@ for i = 1, n do
       if not owner then
         claims[session] = principal
         claimed = claimed + 1
-        if max_owned > 0 and redis.call('SCARD', owned_key(principal)) + claimed > max_owned then
+        if max_owned > 0 and redis.call('SCARD', K[i].owned) + claimed > max_owned then
           return {'quota', i, 'sessions_owned', 0}
         end
       end
     end
     added[session] = (added[session] or 0) + 1
-    if max_session_jobs > 0 and redis.call('LLEN', fifo_key(session)) + added[session] > max_session_jobs then
+    if max_session_jobs > 0 and redis.call('LLEN', K[i].fifo) + added[session] > max_session_jobs then
       return {'quota', i, 'jobs_queued_per_session', 1000}
     end
     fresh = fresh + 1
-    if max_jobs > 0 and fresh == 1 and redis.call('ZCARD', pjobs_key(principal)) + n > max_jobs then
-      if jobs_in_flight(principal) + n > max_jobs then return {'quota', i, 'jobs_queued', 1000} end
+    if max_jobs > 0 and fresh == 1 and redis.call('ZCARD', K[i].pjobs) + n > max_jobs then
+      if jobs_in_flight(K[i].pjobs) + n > max_jobs then return {'quota', i, 'jobs_queued', 1000} end
     end
     if max_output > 0 and fresh == 1 then
-      local used = tonumber(redis.call('GET', obytes_key(principal)) or '0')
+      local used = tonumber(redis.call('GET', K[i].obytes) or '0')
       if used >= max_output then
-        return {'quota', i, 'output_bytes', math.max(1000, redis.call('PTTL', obytes_key(principal)))}
+        return {'quota', i, 'output_bytes', math.max(1000, redis.call('PTTL', K[i].obytes))}
       end
     end
   end
@@ -112,30 +118,30 @@ for i = 1, n do
   if replay[i] then
     table.insert(out, replay[i]); table.insert(out, 0)
   else
-    local jid, session = ARGV[b + 1], ARGV[b + 2]
-    local jk = job_key(jid)
+    local jid, session, k = ARGV[b + 1], ARGV[b + 2], K[i]
+    local jk = k.job
     redis.call('HSET', jk, 's', session, 'k', ARGV[b + 5], 'st', 'queued', 'pl', ARGV[b + 6],
       'pr', ARGV[b + 7], 'ct', now)
     if ARGV[b + 8] ~= '' then redis.call('HSET', jk, 'cb', ARGV[b + 8]) end
     if ARGV[b + 9] ~= '' then redis.call('HSET', jk, 'cbs', ARGV[b + 9]) end
-    if ARGV[sec_base + i] ~= '' then redis.call('SET', sec_key(jid), ARGV[sec_base + i], 'PX', TTL_MS) end
+    if ARGV[sec_base + i] ~= '' then redis.call('SET', k.sec, ARGV[sec_base + i], 'PX', TTL_MS) end
     if ARGV[b + 10] ~= '' then
-      redis.call('SET', idem_key(ARGV[b + 7], ARGV[b + 10]), jid .. ' ' .. ARGV[b + 11], 'PX', IDEM_TTL_MS)
+      redis.call('SET', k.idem, jid .. ' ' .. ARGV[b + 11], 'PX', IDEM_TTL_MS)
     end
-    redis.call('RPUSH', fifo_key(session), jid)
-    if redis.call('HSETNX', sess_key(session), 'state', 'new') == 1 then
-      redis.call('ZADD', index_key(ARGV[b + 3]), 'NX', 0, ARGV[b + 4])
+    redis.call('RPUSH', k.fifo, jid)
+    if redis.call('HSETNX', k.sess, 'state', 'new') == 1 then
+      redis.call('ZADD', k.index, 'NX', 0, ARGV[b + 4])
     end
     redis.call('ZADD', K_WORK, 'NX', now, session)
     emit(jid, session, 'queued', now, ARGV[b + 8] ~= '')
     if ARGV[b + 12] ~= '' then
       local principal = ARGV[b + 7]
       if claims[session] == principal then
-        redis.call('HSET', sess_key(session), 'own', principal)
-        redis.call('SADD', owned_key(principal), session)
+        redis.call('HSET', k.sess, 'own', principal)
+        redis.call('SADD', k.owned, session)
         claims[session] = nil
       end
-      if max_jobs > 0 then redis.call('ZADD', pjobs_key(principal), now, jid) end
+      if max_jobs > 0 then redis.call('ZADD', k.pjobs, now, jid) end
       if audit_maxlen > 0 then
         local ev = (ARGV[b + 12] == 'admin' and others[session]) and 'admin' or 'call'
         redis.call('XADD', K_AUDIT, 'MAXLEN', '~', audit_maxlen, '*', 'ev', ev, 'pr', principal,
@@ -143,7 +149,9 @@ for i = 1, n do
           'digest', redis.sha1hex(ARGV[b + 6]))
       end
     end
-    if redis.call('EXISTS', lease_key(session)) == 0 then notify(session, now) end
+    if redis.call('EXISTS', k.lease) == 0 then
+      notify({id = session, fifo = k.fifo, sess = k.sess, lease = k.lease}, now)
+    end
     table.insert(out, jid); table.insert(out, 1)
   end
 end

@@ -3,13 +3,14 @@
 -- handed to it directly (see notify in _lib.lua). Atomic, so a session is never left in `ready`
 -- while a live worker has a free slot announced.
 --
+--! keys: ready delayed active idle idle_until events callbacks
 -- ARGV[1] worker id   ARGV[2] slots newly free (not announced yet)   ARGV[3] now_ms
 -- ARGV[4] how long the announcement lasts, ms (0: take only, announce nothing)
 -- ARGV[5] the worker's free slots in all (announced or not)
 -- Returns {handoff json, ...}, each as notify pushes it. When the worker had no live announcement
 -- (its first call, or a lapsed one that may have been forgotten), ARGV[5] counts, not ARGV[2].
--- Touches: ready, sess:{s} (nid, epoch), lease:{s}, active, delayed, sq:{s}, job:{head}, events;
--- idle, idle_until.
+-- Touches: ready, active, delayed, events, idle, idle_until; sess:{s} (nid, epoch), lease:{s},
+-- sq:{s}, job:{head} (computed: sessions read from ready, their head jobs from their FIFOs).
 
 local worker, want, now = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local announce_ms = tonumber(ARGV[4])
@@ -25,16 +26,16 @@ while #out < want do
   for _, entry in ipairs(entries) do
     local id, session = entry[1], entry[2][2]
     redis.call('XDEL', K_READY, id)
-    local sk = sess_key(session)
-    if redis.call('HGET', sk, 'nid') == id then redis.call('HDEL', sk, 'nid') end
+    local S = session_keys(session)
+    if redis.call('HGET', S.sess, 'nid') == id then redis.call('HDEL', S.sess, 'nid') end
     local due = redis.call('ZSCORE', K_DELAYED, session)
     if due and tonumber(due) <= now then
       redis.call('ZREM', K_DELAYED, session)
       due = false
     end
     -- Owned (its owner re-notifies on release) or backing off (`delayed` re-notifies): skipped.
-    if not due and redis.call('EXISTS', lease_key(session)) == 0 then
-      local handoff = take_session(session, worker, now)
+    if not due and redis.call('EXISTS', S.lease) == 0 then
+      local handoff = take_session(S, worker, now)
       if handoff then table.insert(out, cjson.encode(handoff)) end
     end
   end
