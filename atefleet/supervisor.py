@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import ctypes
 import fcntl
 import json
 import logging
@@ -28,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.child_process import start_owned
 from common.config import Config
 from common.embedded_redis import EmbeddedRedis, rotate_log, start_embedded_redis
 from common.secret_box import KEY_ENV, load_key
@@ -43,8 +43,6 @@ RESTART_BACKOFF_MAX_S = 30.0
 #: A child that ran this long before exiting is considered healthy again (backoff resets).
 HEALTHY_AFTER_S = 30.0
 
-_PR_SET_PDEATHSIG = 1
-
 #: All the local Substrate gets of the fleet's environment. It serves gRPC and runs sandboxes:
 #: it never needs the fleet key or Redis, so neither (nor the operator's other variables) is in
 #: its memory for a sandbox escape, a core dump or /proc to show.
@@ -52,12 +50,6 @@ SUBSTRATE_ENV = (
     "PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "LOGNAME", "PYTHONPATH", "PYTHONUNBUFFERED",
     "PROMETHEUS_MULTIPROC_DIR", "ATEFLEET_CONFIG", "ATEFLEET_STATE_DIR", "ATEFLEET_ATEAPI",
 )  # fmt: skip
-
-
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM if the supervisor dies, so a SIGKILLed `up` leaves no orphans."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def free_port() -> int:
@@ -79,10 +71,9 @@ class Child:
     env: dict[str, str] = field(default_factory=dict)
 
     def start(self) -> None:
-        # Own process group: a terminal's Ctrl-C reaches only the supervisor, which then stops
-        # the children in order instead of all at once.
-        self.process = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL,
-                                        process_group=0, preexec_fn=_die_with_parent)
+        # Own process group (common.child_process): a terminal's Ctrl-C reaches only the
+        # supervisor, which then stops the children in order instead of all at once.
+        self.process = start_owned(self.argv, env=self.env, stdin=subprocess.DEVNULL)
         self.started_at = time.monotonic()
 
     def stop(self) -> None:

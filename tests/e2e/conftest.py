@@ -18,7 +18,10 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 import yaml
+
+from tests.redis_servers import RedisUnderTest, selected_kind, start_redis
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,6 +47,8 @@ class RunningFleet:
     state_dir: Path
     config_path: Path
     log_path: Path
+    #: The server the fleet was given as `redis.url` (tests/redis_servers.py); None: its embedded one.
+    redis_server: RedisUnderTest | None = None
 
     def client(self, token: str | None = None, timeout_s: float = 120) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -51,6 +56,13 @@ class RunningFleet:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-20000:]
+
+    def redis_client(self) -> redis.Redis:
+        """A client of the fleet's Redis, whichever server that is."""
+        if self.redis_server is not None:
+            return redis.Redis.from_url(self.redis_server.url)
+        d = self.state_dir / "redis"
+        return redis.Redis(port=int((d / "port").read_text()), password=(d / "password").read_text().strip())
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -60,6 +72,8 @@ class RunningFleet:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.redis_server is not None:
+            self.redis_server.stop()
 
 
 def base_config(tmp: Path, port: int, **overrides: Any) -> dict[str, Any]:
@@ -111,8 +125,26 @@ def base_config(tmp: Path, port: int, **overrides: Any) -> dict[str, Any]:
     return cfg
 
 
-def start_fleet(tmp: Path, cfg: dict[str, Any]) -> RunningFleet:
+def start_fleet(tmp: Path, cfg: dict[str, Any], own_process_group: bool = False) -> RunningFleet:
+    """`atefleet up` on `cfg`, ready. Unless the tests run on the embedded Redis (the default) or
+    `cfg` names a Redis, the fleet gets a server of its own as `redis.url` (tests/redis_servers.py).
+    With `own_process_group`, `up` leads a process group as in a terminal, so a test can send it a
+    terminal's Ctrl-C (SIGINT to the group: `os.killpg`)."""
     tmp.mkdir(parents=True, exist_ok=True)
+    server = None
+    if selected_kind() != "embedded" and not cfg.get("redis", {}).get("url"):
+        server = start_redis(tmp / "redis-under-test")
+        cfg = {**cfg, "redis": {**cfg.get("redis", {}), "url": server.url}}
+    try:
+        return _start_up(tmp, cfg, server, own_process_group)
+    except BaseException:
+        if server is not None:
+            server.stop()
+        raise
+
+
+def _start_up(tmp: Path, cfg: dict[str, Any], server: RedisUnderTest | None,
+              own_process_group: bool) -> RunningFleet:
     config_path = tmp / "config.yaml"
     config_path.write_text(yaml.safe_dump(cfg))
     log_path = tmp / "fleet.log"
@@ -124,9 +156,11 @@ def start_fleet(tmp: Path, cfg: dict[str, Any]) -> RunningFleet:
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
+            process_group=0 if own_process_group else None,
         )
     _, port = cfg["listen"].rsplit(":", 1)
-    fleet = RunningFleet(f"http://127.0.0.1:{port}", proc, Path(cfg["state_dir"]), config_path, log_path)
+    fleet = RunningFleet(f"http://127.0.0.1:{port}", proc, Path(cfg["state_dir"]), config_path, log_path,
+                         server)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:

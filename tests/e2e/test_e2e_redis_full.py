@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import redis
 from redis.exceptions import OutOfMemoryError
 from test_e2e_async import ASYNC, bash, resume, wait_done
@@ -53,6 +54,7 @@ class Load:
             t.join()
 
 
+@pytest.mark.embedded_redis  # the cap is the embedded server's (`redis.maxmemory_mb`)
 def test_a_full_redis_answers_503_loses_nothing_acknowledged_and_recovers(short_tmp: Path) -> None:
     fleet = start_fleet(short_tmp, base_config(short_tmp, free_port(), redis={"maxmemory_mb": MAXMEMORY_MB}))
     r = fleet_redis(fleet.state_dir)

@@ -3,19 +3,13 @@ kept), and SSE still replays it, resumable by id, for the finished job."""
 
 from __future__ import annotations
 
-import redis
 from test_e2e_async import ASYNC, _sse, bash, resume, wait_done
 
 from tests.e2e.conftest import RunningFleet
 
 
-def _redis(fleet: RunningFleet) -> redis.Redis:
-    d = fleet.state_dir / "redis"
-    return redis.Redis(port=int((d / "port").read_text()), password=(d / "password").read_text().strip())
-
-
 def test_a_finished_quick_call_keeps_no_stream_and_sse_replays_its_output(fleet: RunningFleet) -> None:
-    r = _redis(fleet)
+    r = fleet.redis_client()
     with fleet.client() as c:
         base = resume(c, "fold-1")
         job = c.post(base, json=bash("echo one; echo two >&2"), headers=ASYNC).json()

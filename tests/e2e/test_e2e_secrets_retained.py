@@ -3,19 +3,13 @@ loudly with `secrets_missing` instead of running with an empty environment."""
 
 from __future__ import annotations
 
-import redis
 from test_e2e_async import ASYNC, bash, resume, wait_done
 
 from tests.e2e.conftest import RunningFleet
 
 
-def _redis(fleet: RunningFleet) -> redis.Redis:
-    d = fleet.state_dir / "redis"
-    return redis.Redis(port=int((d / "port").read_text()), password=(d / "password").read_text().strip())
-
-
 def test_a_call_whose_env_values_are_gone_fails_instead_of_running_bare(fleet: RunningFleet) -> None:
-    r = _redis(fleet)
+    r = fleet.redis_client()
     with fleet.client() as c:
         base = resume(c, "sec-gone")
         # given a call queued behind a running one, whose sealed values then vanish (as at expiry)

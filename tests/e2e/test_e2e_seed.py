@@ -7,7 +7,6 @@ import json
 import uuid
 
 import httpx
-import redis
 
 from tests.e2e.conftest import RunningFleet
 
@@ -21,11 +20,6 @@ def _call(command: str, call_id: str = "c1", **extra: object) -> dict[str, objec
         "function": {"name": "bash", "arguments": json.dumps({"command": command})},
         **extra,
     }
-
-
-def _redis(fleet: RunningFleet) -> redis.Redis:
-    d = fleet.state_dir / "redis"
-    return redis.Redis(port=int((d / "port").read_text()), password=(d / "password").read_text().strip())
 
 
 def test_seed_explicit_lifecycle(fleet: RunningFleet) -> None:
@@ -50,7 +44,7 @@ def test_seed_explicit_lifecycle(fleet: RunningFleet) -> None:
         assert r.status_code == 200, r.text
         assert r.json()["status"] == "ok"
     # then the secret is nowhere in Redis, the logs, or any job's JSON
-    db = _redis(fleet)
+    db = fleet.redis_client()
     readers = {
         "string": db.get,
         "hash": db.hgetall,

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.e2e.conftest import RunningFleet, base_config, free_port, start_fleet
 
@@ -83,6 +84,7 @@ def _bash(c: httpx.Client, sid: str, command: str) -> dict[str, object]:
     return dict(r.json())
 
 
+@pytest.mark.embedded_redis  # kills the embedded Redis and sees the supervisor restart it
 def test_killed_children_are_restarted_and_ctrl_c_leaves_nothing(short_tmp: Path) -> None:
     # two API processes sharing the port (SO_REUSEPORT), as `api.processes: 2` asks
     fleet = start_fleet(short_tmp, base_config(short_tmp, free_port(), api={"processes": 2}))
