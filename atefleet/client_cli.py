@@ -28,59 +28,121 @@ SESSION_COLUMNS = ("session", "state", "last_activity", "queue_depth", "running_
 
 
 def add_client_commands(sub: Any) -> None:
-    """Add the client commands to the `atefleet` parser's subcommands."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", help="machine-readable output")
-    common.add_argument("--api-url", default=None, help="default: $ATEFLEET_API_URL or http://127.0.0.1:7777")
-    common.add_argument("--token", default=None, help="bearer token (default: $ATEFLEET_TOKEN)")
+    """Add the client commands to the `atefleet` parser's subcommands: actions on a thing are verbs
+    under its noun (`sessions suspend`, `jobs wait`, `dlq replay`)."""
+    commands = _Commands(sub)
+    _add_call_commands(commands)
+    _add_session_commands(commands)
+    _add_job_commands(commands)
+    _add_admin_commands(commands)
 
-    def command(name: str, handler: Handler, help: str) -> argparse.ArgumentParser:
-        parser: argparse.ArgumentParser = sub.add_parser(name, help=help, parents=[common])
-        parser.set_defaults(client_handler=handler)
+
+class _Commands:
+    """Adds commands (each with --json, --api-url, --token) to the `atefleet` parser."""
+
+    def __init__(self, sub: Any) -> None:
+        self.top = sub
+        self._options, self._verb_options = _common_options(suppress=False), _common_options(suppress=True)
+
+    def add(self, subs: Any, name: str, handler: Handler | None, help: str) -> argparse.ArgumentParser:
+        """A command under `subs` (the top level's, or a noun's verbs) that runs `handler`."""
+        parser: argparse.ArgumentParser = subs.add_parser(
+            name, help=help, parents=[self._options if subs is self.top else self._verb_options])
+        if handler is not None:
+            parser.set_defaults(client_handler=handler)
         return parser
 
-    e = command("exec", _exec, "run a shell command in a session and stream its output")
+    def command(self, name: str, handler: Handler, help: str) -> argparse.ArgumentParser:
+        return self.add(self.top, name, handler, help)
+
+    def noun(self, name: str, help: str, default: Handler | None, **defaults: Any) -> Any:
+        """A command whose verbs are subcommands (answered: where to add them); without a verb it
+        runs `default` (None: a verb is required) with `defaults` for the arguments it reads."""
+        parser = self.add(self.top, name, default, help)
+        parser.set_defaults(**defaults)
+        return parser.add_subparsers(title="verbs", metavar="VERB", required=default is None)
+
+
+def _add_call_commands(commands: _Commands) -> None:
+    e = commands.command("exec", _exec, "run a shell command in a session and stream its output")
     _session_args(e)
     e.add_argument("cmd", nargs="*", help="-- COMMAND... (options go before the --)")
-    c = command("call", _call, "run any tool: atefleet call ENV SID TOOL '{\"path\": \"x\"}'")
+    c = commands.command("call", _call, "run any tool: atefleet call ENV SID TOOL '{\"path\": \"x\"}'")
     _session_args(c)
     c.add_argument("tool")
     c.add_argument("arguments", nargs="?", default="{}", help="the tool's arguments as a JSON object")
-    cp = command("cp", _cp, "copy a file to or from a session: cp LOCAL ENV/SID:PATH, cp ENV/SID:PATH LOCAL")
+    cp = commands.command("cp", _cp,
+                      "copy a file to or from a session: cp LOCAL ENV/SID:PATH, cp ENV/SID:PATH LOCAL")
     cp.add_argument("source")
     cp.add_argument("destination")
+    b = commands.command("batch", _batch, "submit JSON lines of calls (each with environment and session)")
+    b.add_argument("file", help="JSON lines file, or - for stdin")
+    b.add_argument("--wait", action="store_true", help="wait for every job and print each as it ends")
+    t = commands.command("tools", _tools, "print an environment's tool definitions")
+    t.add_argument("environment")
+    t.add_argument("--format", choices=["openai", "anthropic"], default="openai")
+
+
+def _add_session_commands(commands: _Commands) -> None:
+    sessions = commands.noun("sessions", "environments and sessions: ls, show, resume, suspend, destroy",
+                             _sessions_ls, environment=None)
+    ls = commands.add(sessions, "ls", _sessions_ls, "an environment's sessions (no ENV: the environments)")
+    ls.add_argument("environment", nargs="?")
+    _session_args(commands.add(sessions, "show", _session_show, "a session's state"))
+    _add_lifecycle_commands(commands, sessions, "")
+    # `atefleet suspend ENV SID` (and resume, destroy): README's spelling before `sessions suspend`.
+    _add_lifecycle_commands(commands, commands.top, "same as `sessions {action}`")
+
+
+def _add_lifecycle_commands(commands: _Commands, subs: Any, shortcut: str) -> None:
+    """resume, suspend and destroy; `shortcut` (if any) is their help, formatted with the action."""
     for action, help in (("resume", "create (if needed) and resume a session"),
                          ("suspend", "suspend a session (after its queued calls)"),
                          ("destroy", "destroy a session")):
-        lc = command(action, _lifecycle, help)
+        lc = commands.add(subs, action, _lifecycle, shortcut.format(action=action) or help)
         _session_args(lc)
         lc.set_defaults(action=action)
         if action == "suspend":
             lc.add_argument("--force", action="store_true", help="even with background processes running")
         if action == "destroy":
             lc.add_argument("--keep-snapshot", action="store_true")
-    s = command("sessions", _sessions, "list environments, list or show sessions")
-    s.add_argument("action", choices=["ls", "show"], nargs="?", default="ls")
-    s.add_argument("environment", nargs="?")
-    s.add_argument("session", nargs="?")
-    j = command("jobs", _jobs, "show, wait for, cancel or tail a job")
-    j.add_argument("action", choices=["show", "wait", "cancel", "tail"])
-    j.add_argument("job_id")
-    j.add_argument("--timeout", type=float, default=None, help="wait: give up after this many seconds")
-    b = command("batch", _batch, "submit JSON lines of calls (each with environment and session)")
-    b.add_argument("file", help="JSON lines file, or - for stdin")
-    b.add_argument("--wait", action="store_true", help="wait for every job and print each as it ends")
-    t = command("tools", _tools, "print an environment's tool definitions")
-    t.add_argument("environment")
-    t.add_argument("--format", choices=["openai", "anthropic"], default="openai")
-    command("capacity", _capacity, "Substrate workers, sessions running / parked / waiting")
-    a = command("audit", _audit, "audit records (admin scope)")
+
+
+def _add_job_commands(commands: _Commands) -> None:
+    jobs = commands.noun("jobs", "show, wait for, cancel or tail a job", None)
+    for verb, handler, help in (("show", _job_show, "a job's state and result"),
+                                ("wait", _job_wait, "wait for a job to end"),
+                                ("cancel", _job_cancel, "cancel a job"),
+                                ("tail", _job_tail, "stream a job's output, then its result")):
+        j = commands.add(jobs, verb, handler, help)
+        j.add_argument("job_id")
+        if verb == "wait":
+            j.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
+
+
+def _add_admin_commands(commands: _Commands) -> None:
+    commands.command("capacity", _capacity, "Substrate workers, sessions running / parked / waiting")
+    a = commands.command("audit", _audit, "audit records (admin scope)")
     for name in ("principal", "session", "since", "until"):
         a.add_argument(f"--{name}", default="")
     a.add_argument("--limit", type=int, default=100)
-    d = command("dlq", _dlq, "dead-lettered jobs: ls, show, replay (admin scope), discard")
-    d.add_argument("action", choices=["ls", "show", "replay", "discard"], nargs="?", default="ls")
-    d.add_argument("entry_id", nargs="?", help="an id from `atefleet dlq ls`")
+    dlq = commands.noun("dlq", "dead-lettered jobs (admin scope): ls, show, replay, discard", _dlq_ls)
+    commands.add(dlq, "ls", _dlq_ls, "dead-lettered jobs, newest first")
+    for verb, handler, help in (("show", _dlq_show, "one entry and its job"),
+                                ("replay", _dlq_replay, "re-enqueue the entry's job at its session's tail"),
+                                ("discard", _dlq_discard, "drop the entry")):
+        commands.add(dlq, verb, handler, help).add_argument("entry_id", help="an id from `atefleet dlq ls`")
+
+
+def _common_options(suppress: bool) -> argparse.ArgumentParser:
+    """--json, --api-url and --token. A verb's copy (`suppress`) sets no defaults: argparse lets a
+    subcommand's defaults overwrite what its parent parsed (`sessions --json ls`)."""
+    flag, value = (argparse.SUPPRESS, argparse.SUPPRESS) if suppress else (False, None)
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("--json", action="store_true", default=flag, help="machine-readable output")
+    options.add_argument("--api-url", default=value, help="default: $ATEFLEET_API_URL or http://127.0.0.1:7777")
+    options.add_argument("--token", default=value, help="bearer token (default: $ATEFLEET_TOKEN)")
+    return options
 
 
 def _session_args(parser: argparse.ArgumentParser) -> None:
@@ -223,7 +285,7 @@ def _lifecycle(client: Client, args: argparse.Namespace) -> int:
     return _show(args, answer)
 
 
-def _sessions(client: Client, args: argparse.Namespace) -> int:
+def _sessions_ls(client: Client, args: argparse.Namespace) -> int:
     if not args.environment:
         envs = client.environments()
         if args.json:
@@ -231,28 +293,32 @@ def _sessions(client: Client, args: argparse.Namespace) -> int:
         else:
             _table((e.model_dump() for e in envs), ("name", "template", "atespace", "idle_timeout_s"))
         return 0
-    if args.action == "ls":
-        sessions = list(client.sessions(args.environment))
-        if args.json:
-            _print_json(sessions)
-        else:
-            _table((s.model_dump() for s in sessions), SESSION_COLUMNS)
-        return 0
-    if not args.session:
-        raise SystemExit("atefleet sessions show: give ENVIRONMENT SESSION")
+    sessions = list(client.sessions(args.environment))
+    if args.json:
+        _print_json(sessions)
+    else:
+        _table((s.model_dump() for s in sessions), SESSION_COLUMNS)
+    return 0
+
+
+def _session_show(client: Client, args: argparse.Namespace) -> int:
     return _show(args, client.session(args.environment, args.session).view())
 
 
-def _jobs(client: Client, args: argparse.Namespace) -> int:
-    if args.action == "tail":
-        return _follow(client.stream(args.job_id), args)
-    if args.action == "show":
-        job = client.job(args.job_id)
-    elif args.action == "wait":
-        job = client.wait(args.job_id, args.timeout)
-    else:
-        job = client.cancel(args.job_id)
-    return _show(args, job)
+def _job_show(client: Client, args: argparse.Namespace) -> int:
+    return _show(args, client.job(args.job_id))
+
+
+def _job_wait(client: Client, args: argparse.Namespace) -> int:
+    return _show(args, client.wait(args.job_id, args.timeout))
+
+
+def _job_cancel(client: Client, args: argparse.Namespace) -> int:
+    return _show(args, client.cancel(args.job_id))
+
+
+def _job_tail(client: Client, args: argparse.Namespace) -> int:
+    return _follow(client.stream(args.job_id), args)
 
 
 def _batch(client: Client, args: argparse.Namespace) -> int:
@@ -284,20 +350,24 @@ def _capacity(client: Client, args: argparse.Namespace) -> int:
     return _show(args, client.capacity())
 
 
-def _dlq(client: Client, args: argparse.Namespace) -> int:
-    if args.action == "ls":
-        entries = list(client.dead_letters())
-        if args.json:
-            _print_json(entries)
-        else:
-            _table(entries, ("id", "job_id", "environment", "session", "reason", "attempts", "dead_at"))
-        return 0
-    if not args.entry_id:
-        raise SystemExit(f"atefleet dlq {args.action}: an entry id is needed (see `atefleet dlq ls`)")
-    if args.action == "show":
-        return _show(args, client.dead_letter(args.entry_id))
-    if args.action == "replay":
-        return _show(args, client.replay(args.entry_id))
+def _dlq_ls(client: Client, args: argparse.Namespace) -> int:
+    entries = list(client.dead_letters())
+    if args.json:
+        _print_json(entries)
+    else:
+        _table(entries, ("id", "job_id", "environment", "session", "reason", "attempts", "dead_at"))
+    return 0
+
+
+def _dlq_show(client: Client, args: argparse.Namespace) -> int:
+    return _show(args, client.dead_letter(args.entry_id))
+
+
+def _dlq_replay(client: Client, args: argparse.Namespace) -> int:
+    return _show(args, client.replay(args.entry_id))
+
+
+def _dlq_discard(client: Client, args: argparse.Namespace) -> int:
     client.discard(args.entry_id)
     return _show(args, {"discarded": args.entry_id})
 

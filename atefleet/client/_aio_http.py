@@ -13,11 +13,10 @@ OSError for connect/reset, TimeoutError, and ProtocolError for a malformed answe
 from __future__ import annotations
 
 import asyncio
-import ssl
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator
 from typing import cast
 
-from atefleet.client._wire import Request, Response, ResponseParser, endpoint, header_lines, request_bytes
+from atefleet.client._wire import Pool, Request, Response, ResponseParser, request_bytes
 
 #: Idle connections kept per client; more concurrent callers than this open and close extras.
 MAX_IDLE = 256
@@ -114,15 +113,8 @@ class _Conn(asyncio.Protocol):
             self._arrived.set()
 
 
-class AsyncTransport:
+class AsyncTransport(Pool[_Conn]):
     """Requests to one API base URL over a pool of keep-alive connections."""
-
-    def __init__(self, base_url: str, headers: Mapping[str, str], tls: ssl.SSLContext | None,
-                 connect_timeout_s: float) -> None:
-        self._host, self._port, self._tls = endpoint(base_url, tls)
-        self._fixed = header_lines(headers)  # checked once, sent with every request
-        self._connect_timeout_s = connect_timeout_s
-        self._idle: list[_Conn] = []
 
     async def _connect(self) -> _Conn:
         loop = asyncio.get_running_loop()
@@ -145,17 +137,7 @@ class AsyncTransport:
 
     async def send(self, request: Request, timeout_s: float) -> Response:
         """One request, the whole answer read; the connection goes back to the pool after it."""
-        data = request_bytes(request, self._fixed)
-        conn: _Conn | None = None
-        try:
-            async with asyncio.timeout(timeout_s):
-                conn = self._take() or await self._connect()
-                _, done = conn.send(data, stream=False)
-                await done
-        except BaseException:
-            if conn is not None:
-                conn.close()
-            raise
+        conn = await self._start(request, timeout_s, stream=False)
         parser = conn.parser
         response = Response(parser.status, parser.headers, b"".join(parser.take_chunks()))
         self._give_back(conn)
@@ -165,29 +147,33 @@ class AsyncTransport:
                      head_timeout_s: float) -> tuple[Response, AsyncGenerator[bytes, None]]:
         """The answer's head (with an empty body) and its body as it arrives. Run the body to its
         end or close it (`aclose`); either releases the connection."""
+        conn = await self._start(request, head_timeout_s, stream=True)
+
+        async def body() -> AsyncGenerator[bytes, None]:
+            try:
+                async for chunk in conn.chunks():
+                    yield chunk
+            except BaseException:
+                conn.close()
+                raise
+            self._give_back(conn)
+
+        return Response(conn.parser.status, conn.parser.headers, b""), body()
+
+    async def _start(self, request: Request, timeout_s: float, stream: bool) -> _Conn:
+        """A connection that sent `request` and read its answer's head (all of it unless `stream`)."""
         data = request_bytes(request, self._fixed)
         conn: _Conn | None = None
         try:
-            async with asyncio.timeout(head_timeout_s):
+            async with asyncio.timeout(timeout_s):
                 conn = self._take() or await self._connect()
-                head, _ = conn.send(data, stream=True)
-                await head
+                head, done = conn.send(data, stream)
+                await (head if stream else done)
         except BaseException:
             if conn is not None:
                 conn.close()
             raise
-        opened = conn
-
-        async def body() -> AsyncGenerator[bytes, None]:
-            try:
-                async for chunk in opened.chunks():
-                    yield chunk
-            except BaseException:
-                opened.close()
-                raise
-            self._give_back(opened)
-
-        return Response(conn.parser.status, conn.parser.headers, b""), body()
+        return conn
 
     async def aclose(self) -> None:
         idle, self._idle = self._idle, []

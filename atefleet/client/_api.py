@@ -1,5 +1,6 @@
-"""The API's operations without I/O: each one a `Request` and a decoder of its answer, plus the
-retry policy. `Client` and `AsyncClient` only send, so both behave the same by construction."""
+"""The API's operations without I/O: each one a `Request` and a decoder of its answer (each
+endpoint's path, body and result model are written here once), plus the retry policy. The
+multi-request logic on top (retries, long-polls, paging, streams) is `_plans`'."""
 
 from __future__ import annotations
 
@@ -161,15 +162,14 @@ def submit_op(env: str, sid: str, body: Mapping[str, Any], *, key: str | None = 
               Job.model_validate)
 
 
-def lifecycle_op(env: str, sid: str, action: str, *, wait: bool, params: Mapping[str, Any] | None = None,
+def lifecycle_op(env: str, sid: str, action: str, params: Mapping[str, Any] | None = None, *,
                  callback_url: str | None = None, key: str | None = None) -> Op[dict[str, Any]]:
-    """resume / suspend / destroy. Sync answers `{"status": "ok", ...}`, async the job's JSON."""
-    headers = {"idempotency-key": key or _key()}
-    if not wait:
-        headers["prefer"] = "respond-async"
+    """resume / suspend / destroy: `{"status": "ok", ...}`, or (202: it outlasted the API's sync
+    wait) its job's JSON."""
     body = _json({"callback_url": callback_url}) if callback_url else None
     method, path = ("DELETE", session_path(env, sid)) if action == "destroy" else \
         ("POST", f"{session_path(env, sid)}/{action}")
+    headers = {"idempotency-key": key or _key()}
     return Op(Request(method, path, params=params, body=body, headers=headers), _raw)
 
 
@@ -177,13 +177,19 @@ def view_op(env: str, sid: str) -> Op[SessionInfo]:
     return Op(Request("GET", session_path(env, sid)), SessionInfo.model_validate)
 
 
-def sessions_op(env: str, cursor: str, limit: int) -> Op[tuple[list[SessionInfo], str]]:
-    def page(body: Any) -> tuple[list[SessionInfo], str]:
+#: A page of a listing and the cursor of the next one (None after the last page).
+Page = tuple[list[T], str | None]
+
+
+def sessions_op(env: str, cursor: str, limit: int) -> Op[Page[SessionInfo]]:
+    """`GET .../sessions`, a page at `cursor` ("" the first)."""
+    def page(body: Any) -> Page[SessionInfo]:
         sessions = [SessionInfo.model_validate(s) for s in body["sessions"]]
-        return sessions, str(body.get("next_cursor") or "0")
+        following = str(body.get("next_cursor") or "0")  # a SCAN cursor: "0" after the last page
+        return sessions, None if following == "0" else following
 
     return Op(Request("GET", f"/v1/environments/{quote(env, safe='')}/sessions",
-                      params={"cursor": cursor, "limit": limit}), page)
+                      params={"cursor": cursor or "0", "limit": limit}), page)
 
 
 def environments_op() -> Op[list[Environment]]:
@@ -220,24 +226,52 @@ def batch_op(calls: Iterable[Mapping[str, Any]], *, key: str | None = None) -> O
 
 
 def get_op(path: str, params: Mapping[str, Any] | None = None) -> Op[Any]:
-    """Any other GET of the API (capacity, audit, ...), its JSON as is."""
+    """Any other GET of the API, its JSON as is."""
     return Op(Request("GET", path, params=params), _identity)
 
 
-def audit_op(filters: Mapping[str, str], cursor: str, limit: int) -> Op[dict[str, Any]]:
+def capacity_op() -> Op[dict[str, Any]]:
+    return Op(Request("GET", "/v1/capacity"), dict)
+
+
+def audit_op(filters: Mapping[str, str], cursor: str, limit: int) -> Op[Page[dict[str, Any]]]:
+    """`GET /v1/audit`: records oldest first (admin scope); the listing ends at an empty page."""
+    def page(body: Any) -> Page[dict[str, Any]]:
+        records = list(body["records"])
+        return records, (body.get("next_cursor") or None) if records else None
+
     params = {**{k: v for k, v in filters.items() if v}, "cursor": cursor or None, "limit": limit}
-    return Op(Request("GET", "/v1/audit", params=params), _raw)
+    return Op(Request("GET", "/v1/audit", params=params), page)
 
 
-def dlq_page_op(cursor: str, limit: int) -> Op[dict[str, Any]]:
+def dlq_page_op(cursor: str, limit: int) -> Op[Page[dict[str, Any]]]:
     """`GET /v1/dlq`: dead-lettered jobs, newest first (admin scope)."""
-    return Op(Request("GET", "/v1/dlq", params={"cursor": cursor or None, "limit": limit}), _raw)
+    def page(body: Any) -> Page[dict[str, Any]]:
+        return list(body["entries"]), body.get("next_cursor") or None
+
+    return Op(Request("GET", "/v1/dlq", params={"cursor": cursor or None, "limit": limit}), page)
 
 
-def dlq_entry_op(method: str, entry_id: str, action: str = "") -> Op[Any]:
-    """One DLQ entry: GET shows it, POST `replay` re-enqueues its job (the job's JSON), DELETE drops it."""
-    path = f"/v1/dlq/{quote(entry_id, safe='')}" + (f"/{action}" if action else "")
-    return Op(Request(method, path), _identity)
+def _dlq_entry_path(entry_id: str) -> str:
+    return f"/v1/dlq/{quote(entry_id, safe='')}"
+
+
+def dead_letter_op(entry_id: str) -> Op[dict[str, Any]]:
+    """One DLQ entry and its job."""
+    return Op(Request("GET", _dlq_entry_path(entry_id)), dict)
+
+
+def replay_op(entry_id: str) -> Op[Job]:
+    """Re-enqueue a dead letter's job (same id) at its session's tail; answers the job."""
+    return Op(Request("POST", f"{_dlq_entry_path(entry_id)}/replay"), Job.model_validate)
+
+
+def discard_op(entry_id: str) -> Op[None]:
+    return Op(Request("DELETE", _dlq_entry_path(entry_id)), _nothing)
+
+
+def _nothing(value: Any) -> None:
+    return None
 
 
 def tool_result(answer: Any) -> ToolResult:

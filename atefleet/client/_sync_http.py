@@ -18,7 +18,7 @@ import ssl
 import threading
 from collections.abc import Iterator, Mapping
 
-from atefleet.client._wire import Request, Response, ResponseParser, endpoint, header_lines, request_bytes
+from atefleet.client._wire import Pool, Request, Response, ResponseParser, request_bytes
 
 #: Idle connections kept per client.
 MAX_IDLE = 32
@@ -47,15 +47,12 @@ class _Conn:
             self.parser.eof()
 
 
-class SyncTransport:
+class SyncTransport(Pool[_Conn]):
     """Requests to one API base URL over a pool of keep-alive connections."""
 
     def __init__(self, base_url: str, headers: Mapping[str, str], tls: ssl.SSLContext | None,
                  connect_timeout_s: float) -> None:
-        self._host, self._port, self._tls = endpoint(base_url, tls)
-        self._fixed = header_lines(headers)  # checked once, sent with every request
-        self._connect_timeout_s = connect_timeout_s
-        self._idle: list[_Conn] = []
+        super().__init__(base_url, headers, tls, connect_timeout_s)
         self._lock = threading.Lock()
 
     def _connect(self) -> _Conn:

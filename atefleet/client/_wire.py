@@ -1,5 +1,6 @@
-"""What both transports share: a request and an answer as plain values, the request's bytes, and
-the response parser (httptools: llhttp, in C) they feed from their sockets."""
+"""What both transports share: a request and an answer as plain values, the request's bytes, the
+response parser (httptools: llhttp, in C) they feed from their sockets, and `Pool`: where the API
+is and the keep-alive connections kept for it."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 from urllib.parse import urlencode, urlsplit
 
 import httptools
+
+C = TypeVar("C")
 
 #: A request target or header name as it may go on the wire: no spaces or control characters, so
 #: no caller-supplied value can split or smuggle a request.
@@ -61,6 +64,17 @@ def endpoint(base_url: str, tls: ssl.SSLContext | None) -> tuple[str, int, ssl.S
     port = url.port or (443 if url.scheme == "https" else 80)
     context = (tls or ssl.create_default_context()) if url.scheme == "https" else None
     return url.hostname or "127.0.0.1", port, context
+
+
+class Pool(Generic[C]):
+    """One API base URL's address, the headers sent with every request, and idle connections `C`."""
+
+    def __init__(self, base_url: str, headers: Mapping[str, str], tls: ssl.SSLContext | None,
+                 connect_timeout_s: float) -> None:
+        self._host, self._port, self._tls = endpoint(base_url, tls)
+        self._fixed = header_lines(headers)  # checked once, sent with every request
+        self._connect_timeout_s = connect_timeout_s
+        self._idle: list[C] = []
 
 
 def header_lines(headers: Mapping[str, str]) -> str:

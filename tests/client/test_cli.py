@@ -64,6 +64,18 @@ def test_lifecycle_sessions_and_call(fleet: RunningFleet, sid: str) -> None:
     assert as_json(fleet, "destroy", "my-env", sid)["status"] == "ok"
 
 
+def test_lifecycle_verbs_under_sessions(fleet: RunningFleet, sid: str) -> None:
+    # Given the lifecycle verbs under `sessions` (the top-level `atefleet suspend` is README's
+    # older spelling, tested above), with options before or after the verb
+    assert as_json(fleet, "sessions", "resume", "my-env", sid)["status"] == "ok"
+    assert as_json(fleet, "sessions", "suspend", "my-env", sid, "--force")["status"] == "ok"
+    shown = json.loads(atefleet(fleet, "sessions", "--json", "show", "my-env", sid).stdout)
+    assert shown["state"] == "suspended"
+    assert as_json(fleet, "sessions", "destroy", "my-env", sid, "--keep-snapshot")["status"] == "ok"
+    # a noun without its verb is a usage error
+    assert atefleet(fleet, "jobs", check=False).returncode == 2
+
+
 def test_cp_up_and_down_binary_safe_in_parts(fleet: RunningFleet, sid: str, tmp_path: Path) -> None:
     as_json(fleet, "resume", "my-env", sid)
     small, big = tmp_path / "small.bin", tmp_path / "big.bin"
