@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import redis.asyncio as aioredis
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
@@ -37,11 +36,9 @@ from common.redis.client import RedisClient
 from common.redis.settings import role_settings
 from common.secret_box import SecretBox, load_key
 
-#: Connections per API process; sync waiters do not hold one (they share the pub/sub).
-REDIS_POOL_SIZE = 256
-#: Connections per API process for blocking stream reads (SSE), a pool apart so that open
-#: streams cannot take the connections every other request needs; past it a stream is a 503.
-STREAM_POOL_SIZE = 1024
+#: Blocking stream reads (SSE) in flight per API process, each on a connection of its own; past
+#: it a stream is a 503.
+STREAM_READS_MAX = 1024
 
 
 def create_app(config: Config, redis_url: str | None = None) -> ASGIApp:
@@ -51,29 +48,22 @@ def create_app(config: Config, redis_url: str | None = None) -> ASGIApp:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        client = RedisClient(settings, max_blocking=STREAM_POOL_SIZE)
-        redis = aioredis.Redis(connection_pool=settings.connection_pool(REDIS_POOL_SIZE))
-        stream_redis = aioredis.Redis(connection_pool=settings.connection_pool(STREAM_POOL_SIZE))
-        queue = Queue(redis, config)
+        client = RedisClient(settings, max_blocking=STREAM_READS_MAX)
+        queue = Queue(client, config)
         waiter = JobWaiter(queue)
         waiter.start()  # subscribed before the first sync call, which then needs no record read
-        stream_queue = Queue(stream_redis, config)
         audit = AuditLog(client, queue.keys, config.audit)
         audit.start()
         app.state.fleet = Fleet(config=config, redis=client, queue=queue, waiter=waiter,
                                 auth=Authenticator(config), limiter=RateLimiter(config.api),
                                 secret_box=SecretBox(load_key(config.state_dir)), audit=audit,
-                                policies=Policies(config), streams=StreamSlots(), stream_queue=stream_queue)
+                                policies=Policies(config), streams=StreamSlots())
         try:
             async with mcp.running():  # the MCP endpoint's task group
                 yield
         finally:
             await waiter.close()
             await audit.aclose()
-            await stream_queue.aclose()
-            await stream_redis.aclose()
-            await queue.aclose()
-            await redis.aclose()
             await client.aclose()
 
     app = FastAPI(title="atefleet", version="0.1.0", lifespan=lifespan,

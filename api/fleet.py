@@ -45,9 +45,6 @@ class Fleet:
     policies: Policies
     #: Open SSE streams and long-polls per principal (the `streams_open` quota).
     streams: StreamSlots
-    #: The queue over a Redis pool of its own, for blocking reads (SSE): open streams then never
-    #: take the connections every other request needs.
-    stream_queue: Queue
 
     def environment(self, name: str) -> Environment:
         env = self.config.environment(name)

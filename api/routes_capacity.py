@@ -19,4 +19,4 @@ router = APIRouter(tags=["ops"])
 
 @router.get("/v1/capacity", summary="Substrate workers, sessions running / parked / waiting, parks")
 async def capacity(fleet: FleetDep, _principal: PrincipalDep) -> dict[str, Any]:
-    return await Capacity(fleet.queue.redis, fleet.config).view()
+    return await Capacity(fleet.redis, fleet.config).view()

@@ -69,7 +69,7 @@ def _sse(event: str, data: dict[str, Any], event_id: str | None = None) -> bytes
 async def output_events(fleet: Fleet, job_id: str, after: str) -> AsyncIterator[bytes]:
     """Output chunks as they come, then the job's final JSON; ids are output-stream ids."""
     while True:
-        entries = await fleet.stream_queue.read_output(job_id, after=after, block_ms=SSE_HEARTBEAT_MS)
+        entries = await fleet.queue.read_output(job_id, after=after, block_ms=SSE_HEARTBEAT_MS)
         if not entries:
             job = await fleet.queue.get_job(job_id)
             if job is None or job.terminal:

@@ -38,6 +38,7 @@ import redis.asyncio as aioredis  # noqa: E402
 from common.config import parse_config  # noqa: E402
 from common.embedded_redis import start_embedded_redis  # noqa: E402
 from common.queue import Consumer, JobContext, JobKind, JobWaiter, NewJob, Queue  # noqa: E402
+from common.redis.client import RedisClient  # noqa: E402
 
 SESSIONS = 1000
 JOBS_PER_SESSION = 20
@@ -52,8 +53,7 @@ def config() -> Any:
 
 # -- worker processes ----------------------------------------------------------------------------
 async def our_worker(url: str, worker_id: str) -> None:
-    redis = aioredis.Redis.from_url(url)
-    queue = Queue(redis, config())
+    queue = Queue(RedisClient.from_url(url), config())
 
     async def noop(ctx: JobContext) -> dict[str, Any]:
         return {"t": time.time()} if ctx.job.payload.get("lat") else {}
@@ -62,6 +62,7 @@ async def our_worker(url: str, worker_id: str) -> None:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, lambda: asyncio.ensure_future(consumer.stop()))
     await consumer.run()
+    await queue.redis.aclose()
 
 
 async def arq_noop(ctx: dict[str, Any]) -> None:
@@ -126,7 +127,7 @@ async def ours_throughput(
     redis: aioredis.Redis, url: str, workers: int, jobs_per_session: int = JOBS_PER_SESSION
 ) -> Throughput:
     await redis.flushall()
-    queue = Queue(redis, config())
+    queue = Queue(RedisClient.from_url(url), config())
     await queue.load_scripts()
     procs = spawn("ours", url, workers)
     try:
@@ -142,6 +143,7 @@ async def ours_throughput(
         cpu_s = await _redis_cpu_s(redis) - cpu_before
     finally:
         stop(procs)
+        await queue.redis.aclose()
     jobs = SESSIONS * jobs_per_session
     return Throughput(jobs / elapsed, cpu_s / jobs * 1e6, cpu_s / elapsed)
 
@@ -164,7 +166,7 @@ async def _zero(value: Any) -> bool:
 
 async def ours_latency(redis: aioredis.Redis, url: str) -> tuple[float, float]:
     await redis.flushall()
-    queue = Queue(redis, config())
+    queue = Queue(RedisClient.from_url(url), config())
     await queue.load_scripts()
     procs = spawn("ours", url, 1)
     waiter = JobWaiter(queue)
@@ -180,6 +182,7 @@ async def ours_latency(redis: aioredis.Redis, url: str) -> tuple[float, float]:
     finally:
         await waiter.close()
         stop(procs)
+        await queue.redis.aclose()
     q = statistics.quantiles(samples, n=100)
     return statistics.median(samples), q[98]
 
@@ -215,10 +218,10 @@ async def _clients(redis: aioredis.Redis) -> int:
     return len(await redis.client_list())
 
 
-async def memory(redis: aioredis.Redis) -> tuple[float, float]:
+async def memory(redis: aioredis.Redis, url: str) -> tuple[float, float]:
     """(bytes per idle session with one finished job, bytes per queued job), via used_memory deltas."""
     await redis.flushall()
-    queue = Queue(redis, config(), end_marker_ttl_ms=1)
+    queue = Queue(RedisClient.from_url(url), config(), end_marker_ttl_ms=1)
     await queue.load_scripts()
     n = 2000
     base = await _used(redis)
@@ -239,6 +242,7 @@ async def memory(redis: aioredis.Redis) -> tuple[float, float]:
     await queue.enqueue_batch([_tool_job(i) for i in range(n)])
     await redis.delete("af:events")
     queued = (await _used(redis) - before) / n
+    await queue.redis.aclose()
     return idle, queued
 
 
@@ -297,7 +301,7 @@ async def main(more_workers: list[int], jobs_per_session: int) -> None:
             figures["ratio_vs_arq_2w"] = figures["noop_jobs_per_s_2w"] / figures["arq_noop_jobs_per_s_2w"]
             r1, r2 = figures["ratio_vs_arq"], figures["ratio_vs_arq_2w"]
             print(f"ratio vs arq: {r1:.1f}x (1 worker), {r2:.1f}x (2)")
-            idle, queued = await memory(redis)
+            idle, queued = await memory(redis, server.url)
             figures["bytes_per_idle_session"], figures["bytes_per_queued_job"] = idle, queued
             print(f"redis memory: {idle:.0f} B per idle session (one finished job), "
                   f"{queued:.0f} B per queued job")

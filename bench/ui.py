@@ -71,7 +71,8 @@ def _config(tmp: Path, redis_url: str) -> Config:
 async def seed(config: Config, redis_url: str, sessions: int, jobs: int) -> dict[str, Any]:
     """The fleet's Redis as it looks after `jobs` calls over `sessions` sessions."""
     redis = aioredis.Redis.from_url(redis_url)
-    queue = Queue(redis, config)
+    client = RedisClient.from_url(redis_url)
+    queue = Queue(client, config)
     sids = [f"s-{i:05d}" for i in range(sessions)]
     job_ids: list[str] = []
     began = time.perf_counter()
@@ -88,7 +89,6 @@ async def seed(config: Config, redis_url: str, sessions: int, jobs: int) -> dict
         pipe.xadd(queue.keys.dlq, {"job": jid, "session": f"{ENV}/s-00000", "reason": "bench",
                                    "attempts": 8})
     await pipe.execute()
-    client = RedisClient.from_url(redis_url)
     stats, folded = StatsPass(config, client, queue.keys), 0
     while True:
         report = _Report()
@@ -97,7 +97,6 @@ async def seed(config: Config, redis_url: str, sessions: int, jobs: int) -> dict
         if not report.examined:
             break
     seeded_s = time.perf_counter() - began
-    await queue.aclose()
     await client.aclose()
     await redis.aclose()
     print(f"seeded {sessions} sessions, {jobs} jobs, {folded} events folded in {seeded_s:.1f} s")

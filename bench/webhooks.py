@@ -33,12 +33,12 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from typing import Any  # noqa: E402
 
-import redis.asyncio as aioredis  # noqa: E402
 import yaml  # noqa: E402
 
 from common.config import Config, parse_config  # noqa: E402
 from common.embedded_redis import start_embedded_redis  # noqa: E402
 from common.queue import JobKind, JobState, NewJob, Queue  # noqa: E402
+from common.redis.client import RedisClient  # noqa: E402
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
@@ -167,7 +167,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     receiver = Receiver()
     server = await asyncio.start_server(receiver.handle, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/hook"
-    redis = aioredis.Redis.from_url(redis_server.url)
+    redis = RedisClient.from_url(redis_server.url)
     queue = Queue(redis, config)
     await queue.load_scripts()
     child = start_child(workdir / "config.yaml")

@@ -13,16 +13,16 @@ script drops `running` members whose session is no longer running; `parking` ent
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from redis.asyncio import Redis
-
 from common.config import Config
 from common.queue.keys import Keys
 from common.queue.models import text
+from common.redis.client import RedisClient
 from common.redis.scripts import ScriptRunner, load_script
 
 #: Waiters at these first places of the queue ask Substrate for a worker; the rest wait their turn.
@@ -70,12 +70,12 @@ def now_ms() -> int:
 class Capacity:
     """The capacity indexes of one fleet (one Redis, one prefix)."""
 
-    def __init__(self, redis: Redis, config: Config) -> None:
+    def __init__(self, redis: RedisClient, config: Config) -> None:
         self.redis = redis
         self.config = config
         self.keys = Keys(config.redis_prefix)
         self._turn = load_script("common", "capacity_turn", self.keys)
-        self._scripts = ScriptRunner(redis.execute_command)
+        self._scripts = ScriptRunner(redis.execute)
         self._background_ok = [e.name for e in config.environments if e.suspend_with_background]
 
     async def waiting(self) -> int:
@@ -93,35 +93,29 @@ class Capacity:
 
     async def position(self, session: str) -> tuple[int, float] | None:
         """(place in the wait queue, unix s it started waiting), or None when it does not wait."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zrank(self.keys.capacity_wait, session)
-            pipe.zscore(self.keys.capacity_wait, session)
-            rank, since = await pipe.execute()
-        return None if rank is None else (int(rank), float(since) / 1000)
+        rank, since = await asyncio.gather(self.redis.zrank(self.keys.capacity_wait, session),
+                                           self.redis.zscore(self.keys.capacity_wait, session))
+        return None if rank is None or since is None else (rank, since / 1000)
 
     async def leave(self, session: str) -> None:
         await self.redis.zrem(self.keys.capacity_wait, session)
 
     async def resumed(self, session: str) -> None:
         """The session's actor runs: a park candidate from now on; no longer waiting or parked."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zadd(self.keys.running, {session: now_ms()})
-            pipe.zrem(self.keys.parked, session)
-            pipe.zrem(self.keys.capacity_wait, session)
-            await pipe.execute()
+        await asyncio.gather(self.redis.zadd(self.keys.running, {session: now_ms()}),
+                             self.redis.zrem(self.keys.parked, session),
+                             self.redis.zrem(self.keys.capacity_wait, session))
 
     async def suspended(self, session: str, by: SuspendedBy, job_id: str) -> None:
         """The session's actor was suspended by `by` (a fleet park is counted and woken by a call)."""
         now = now_ms()
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zrem(self.keys.running, session)
-            if by in FLEET_PARKS:
-                pipe.zadd(self.keys.parked, {session: now})
-                pipe.zadd(self.keys.parks, {job_id: now})
-                pipe.zremrangebyscore(self.keys.parks, "-inf", now - PARK_RATE_WINDOW_MS)
-            else:
-                pipe.zrem(self.keys.parked, session)
-            await pipe.execute()
+        r = self.redis
+        if by in FLEET_PARKS:
+            await asyncio.gather(r.zrem(self.keys.running, session), r.zadd(self.keys.parked, {session: now}),
+                                 r.zadd(self.keys.parks, {job_id: now}),
+                                 r.zremrangebyscore(self.keys.parks, "-inf", now - PARK_RATE_WINDOW_MS))
+        else:
+            await asyncio.gather(r.zrem(self.keys.running, session), r.zrem(self.keys.parked, session))
 
     async def park_finished(self, session: str) -> None:
         """A pressure park of `session` ended (parked or declined): no longer in flight."""
@@ -134,22 +128,17 @@ class Capacity:
 
     async def publish_workers(self, total: int, busy: int) -> None:
         """Substrate's workers as ListWorkers last showed them (the reconciler's leader)."""
-        await self.redis.hset(self.keys.capacity_workers, mapping={  # type: ignore[misc]
-            "total": total, "busy": busy, "at": now_ms()})
+        await self.redis.hset(self.keys.capacity_workers, {"total": total, "busy": busy, "at": now_ms()})
 
     async def view(self) -> dict[str, Any]:
         """The GET /v1/capacity body (see docs/architecture.md, "Capacity")."""
         now = now_ms()
         k = self.keys
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hgetall(k.capacity_workers)
-            pipe.zcard(k.running)
-            pipe.zcard(k.parked)
-            pipe.zcard(k.capacity_wait)
-            pipe.zrange(k.capacity_wait, 0, 0, withscores=True)
-            pipe.zcard(k.parking)
-            pipe.zcount(k.parks, now - PARK_RATE_WINDOW_MS, "+inf")
-            workers_raw, running, parked, waiting, oldest, parking, parks = await pipe.execute()
+        r = self.redis
+        workers_raw, oldest, (running, parked, waiting, parking, parks) = await asyncio.gather(
+            r.hgetall(k.capacity_workers), r.zrange_withscores(k.capacity_wait, 0, 0),
+            asyncio.gather(r.zcard(k.running), r.zcard(k.parked), r.zcard(k.capacity_wait),
+                           r.zcard(k.parking), r.zcount(k.parks, now - PARK_RATE_WINDOW_MS, "+inf")))
         workers = {text(a): int(text(b)) for a, b in workers_raw.items()}
         total, busy = workers.get("total"), workers.get("busy")
         return {

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import logging
 
-from redis.asyncio import Redis
-
 from common.capacity import Capacity
 from common.config import Config
 from common.metrics import CAPACITY_OLDEST_WAIT, CAPACITY_SESSIONS, SUBSTRATE_WORKERS
+from common.redis.client import RedisClient
 from common.substrate import SubstrateClient, SubstrateError
 from reconciler.report import PassReport
 
@@ -21,7 +20,7 @@ log = logging.getLogger("atefleet.reconciler.capacity")
 
 
 class CapacityPass:
-    def __init__(self, config: Config, redis: Redis, substrate: SubstrateClient) -> None:
+    def __init__(self, config: Config, redis: RedisClient, substrate: SubstrateClient) -> None:
         self.capacity = Capacity(redis, config)
         self.substrate = substrate
 

@@ -10,8 +10,6 @@ import asyncio
 import contextlib
 import logging
 
-import redis.asyncio as aioredis
-
 from common.config import Config
 from common.event_loop import run_network_role
 from common.metrics import serve_role_endpoints
@@ -29,11 +27,9 @@ async def serve_reconciler(config: Config, stop: asyncio.Event, instance_id: str
                            metrics_port: int = 0) -> None:
     """Run one reconciler instance until `stop` is set."""
     settings = role_settings("reconciler", config.redis.url)
-    client = RedisClient(settings)
-    # redis-py only for the queue, store and capacity code that has not moved to the client yet
-    redis = aioredis.Redis(connection_pool=settings.connection_pool())
+    redis = RedisClient(settings)
     substrate = make_substrate_client(config, substrate_address(config))
-    reconciler = Reconciler(config, redis, client, substrate, instance_id or default_instance_id())
+    reconciler = Reconciler(config, redis, substrate, instance_id or default_instance_id())
     endpoints = await serve_role_endpoints("0.0.0.0", metrics_port, lambda: True) if metrics_port else None
     log.info("reconciler started", extra={"fields": {"instance": reconciler.leader.instance_id}})
     try:
@@ -43,9 +39,7 @@ async def serve_reconciler(config: Config, stop: asyncio.Event, instance_id: str
             endpoints.close()
         # Substrate first: it waits for shielded resume/suspend calls a cancelled pass left running.
         await substrate.close()
-        await reconciler.queue.aclose()
         await redis.aclose()
-        await client.aclose()
         log.info("reconciler stopped")
 
 

@@ -8,6 +8,7 @@ the queue.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from common.metrics import OLDEST_JOB_AGE
@@ -23,7 +24,7 @@ async def queue_repair_pass(queue: Queue, report: PassReport) -> None:
     """One round of every repair primitive; counts go to the report by kind."""
     for kind, n in (await queue.repair()).items():
         report.repaired(kind, n)
-    report.examined += int(await queue.redis.zcard(queue.keys.work))
+    report.examined += await queue.redis.zcard(queue.keys.work)
     OLDEST_JOB_AGE.set(await oldest_job_age_s(queue))
 
 
@@ -36,12 +37,8 @@ async def oldest_job_age_s(queue: Queue) -> float:
     sessions = await queue.redis.zrange(queue.keys.work, 0, OLDEST_SAMPLE - 1)
     if not sessions:
         return 0.0
-    async with queue.redis.pipeline(transaction=False) as pipe:
-        for s in sessions:
-            pipe.lindex(queue.keys.fifo(text(s)), 0)
-        heads = [text(h) for h in await pipe.execute() if h]
-    async with queue.redis.pipeline(transaction=False) as pipe:
-        for jid in heads:
-            pipe.hget(queue.keys.job(jid), "ct")
-        created = [int(c) for c in await pipe.execute() if c]
+    firsts = await asyncio.gather(*(queue.redis.lindex(queue.keys.fifo(text(s)), 0) for s in sessions))
+    heads = [text(h) for h in firsts if h]
+    times = await asyncio.gather(*(queue.redis.hget(queue.keys.job(jid), "ct") for jid in heads))
+    created = [int(c) for c in times if c]
     return max(0.0, time.time() - min(created) / 1000) if created else 0.0

@@ -18,8 +18,6 @@ import os
 import socket
 from collections.abc import Awaitable, Callable
 
-import redis.asyncio as aioredis
-
 from common.config import Config
 from common.fleet_stats import StatsPass
 from common.queue import Queue
@@ -46,7 +44,7 @@ def default_instance_id() -> str:
 class Reconciler:
     """The passes of one instance and the leader lease they run under."""
 
-    def __init__(self, config: Config, redis: aioredis.Redis, client: RedisClient, substrate: SubstrateClient,
+    def __init__(self, config: Config, redis: RedisClient, substrate: SubstrateClient,
                  instance_id: str) -> None:
         self.config = config
         self.queue = Queue(redis, config)
@@ -56,7 +54,7 @@ class Reconciler:
         self.capacity = CapacityPass(config, redis, substrate)
         self.sync = StatusSync(config, self.store, substrate, self.leader)
         self.gc = GcPass(config, self.queue, self.store)
-        self.stats = StatsPass(config, client, self.queue.keys)
+        self.stats = StatsPass(config, redis, self.queue.keys)
 
     async def _queue_repair(self, report: PassReport) -> None:
         await queue_repair_pass(self.queue, report)

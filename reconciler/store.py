@@ -15,11 +15,10 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from redis.asyncio import Redis
-
 from common.queue.keys import Keys, session_name
 from common.queue.models import text
 from common.queue.scripts import EVENTS_MAXLEN
+from common.redis.client import RedisClient
 from common.redis.link import RedisArg
 from common.redis.scripts import ScriptRunner, load_script
 
@@ -84,12 +83,12 @@ class GcFixes:
 class ReconcilerStore:
     """Typed calls of the reconciler's scripts (see module docstring)."""
 
-    def __init__(self, redis: Redis, keys: Keys) -> None:
+    def __init__(self, redis: RedisClient, keys: Keys) -> None:
         self.redis = redis
         self.keys = keys
         prelude = f"local EVENTS_MAXLEN = {EVENTS_MAXLEN}\n"
         self._s = {name: load_script("reconciler", name, keys, prelude) for name in SCRIPT_NAMES}
-        self._runner = ScriptRunner(redis.execute_command)
+        self._runner = ScriptRunner(redis.execute)
 
     async def _run(self, name: str, args: Sequence[RedisArg], of: Sequence[Any] = (),
                    each: Sequence[Sequence[Any]] = ()) -> Any:

@@ -13,14 +13,13 @@ import logging
 import os
 import socket
 
-import redis.asyncio as aioredis
-
 from common.capacity import Capacity
 from common.config import Config
 from common.event_loop import run_network_role
 from common.gc_tuning import collect_rarely
 from common.metrics import serve_role_endpoints
 from common.queue import Consumer, Queue
+from common.redis.client import RedisClient
 from common.redis.settings import role_settings
 from common.routing import make_router, substrate_address
 from common.secret_box import SecretBox, load_key
@@ -44,7 +43,7 @@ async def serve_worker(config: Config, worker_id: str, metrics_port: int = 0,
     """Run until `stop` is set (or SIGTERM/SIGINT when `stop` is None)."""
     settings = role_settings("worker", config.redis.url)
     stop = stop or stop_on_signals()
-    redis = aioredis.Redis(connection_pool=settings.connection_pool(config.workers.concurrency * 2 + 16))
+    redis = RedisClient(settings)
     substrate = make_substrate_client(config, substrate_address(config))
     actors = ActorKeeper(config, substrate, make_router(config), Capacity(redis, config))
     queue = Queue(redis, config)
@@ -67,7 +66,6 @@ async def serve_worker(config: Config, worker_id: str, metrics_port: int = 0,
             endpoints.close()
         await actors.close()
         await substrate.close()
-        await queue.aclose()
         await redis.aclose()
         log.info("worker stopped")
 

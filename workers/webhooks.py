@@ -209,7 +209,7 @@ class Deliverer:
         self._http = make_client(self._config.webhooks)
         sender = WebhookSender(self._config.webhooks, self._http)
         schedule = self._config.webhooks.retry_schedule_s
-        self._queue = Queue(self._pool, self._config)
+        self._queue = Queue(self._client, self._config)
         delivery = WebhookDelivery(self._queue, sender, schedule)
         ctx = {"delivery": delivery}
         self._worker = Worker(**settings, redis_pool=self._pool, handle_signals=False, ctx=ctx)
@@ -261,7 +261,6 @@ class Deliverer:
         await asyncio.wait([*remaining, worker])
         with contextlib.suppress(RedisError):
             await self._pool.delete(self._worker.health_check_key)
-        await self._queue.aclose()
         await self._pool.aclose(close_connection_pool=True)
         await self._client.aclose()
         await self._http.aclose()

@@ -80,7 +80,7 @@ async def overview(fleet: Fleet) -> Overview:
     workers, busy, with_work, ready, dlq = counts
     points, sessions, backlog, capacity = await asyncio.gather(
         stats_of(fleet).series(), stats_of(fleet).sessions_by_state(), webhook_backlog(fleet),
-        Capacity(fleet.queue.redis, fleet.config).view())
+        Capacity(fleet.redis, fleet.config).view())
     oldest_s = time.time() - oldest[0][1] / 1000 if oldest else None
     return Overview(workers=int(workers), free_slots=int(sum(s for _, s in idle)), busy_sessions=int(busy),
                     sessions=sessions, sessions_with_work=int(with_work), waiting_for_worker=int(ready),

@@ -25,12 +25,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import OutOfMemoryError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
 from common.problem_types import problem_type
 from common.queue.keys import split_session
+from common.redis.errors import OutOfMemoryError, RedisConnectionError, RedisTimeoutError
 
 
 class JobState(StrEnum):

@@ -18,8 +18,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from redis.asyncio import Redis
-
 from common.config import Config, QuotaLimits
 from common.queue.keys import Keys, session_name
 from common.queue.models import (
@@ -33,6 +31,7 @@ from common.queue.models import (
 )
 from common.queue.output import OutputLimits, fit_result
 from common.queue.scripts import EVENTS_MAXLEN, Handoff, Lease, QueueScripts, ScriptLimits, compact_json
+from common.redis.client import RedisClient
 from common.redis.link import RedisLink
 
 #: Lifetime of an output stream that holds only the end marker (the job wrote no output but a
@@ -81,26 +80,22 @@ def fingerprint_of(job: NewJob) -> str:
 
 
 class Queue:
-    """The queue's async API over one redis.asyncio client (see module docstring).
+    """The queue's async API over the process's Redis client (see module docstring).
 
     `end_marker_ttl_ms` and `events_maxlen` are tuning knobs with sensible defaults; everything
     else comes from `config` (prefix, lease TTL, job TTLs, output cap, retry policy).
     """
 
     def __init__(
-        self, redis: Redis, config: Config, end_marker_ttl_ms: int = END_MARKER_TTL_MS,
+        self, redis: RedisClient, config: Config, end_marker_ttl_ms: int = END_MARKER_TTL_MS,
         events_maxlen: int = EVENTS_MAXLEN,
     ) -> None:
         self.redis = redis
         self.config = config
         self.keys = Keys(config.redis_prefix)
         self.lease_ttl_ms = int(config.workers.lease_ttl_s * 1000)
-        #: `wait_handoffs`' connection when its caller brings none (opened on first use).
-        self._inbox_link = RedisLink(redis)
-        #: The scripts' pipelined connection (opened on first use).
-        self._script_link = RedisLink(redis)
         self.output_limits = OutputLimits.of(config.jobs)
-        self.scripts = QueueScripts(self._script_link.execute, self.keys, ScriptLimits(
+        self.scripts = QueueScripts(redis.execute, self.keys, ScriptLimits(
             ttl_ms=int(config.jobs.ttl_s * 1000),
             end_ttl_ms=end_marker_ttl_ms,
             output_ttl_ms=int(config.jobs.output_ttl_s * 1000),
@@ -110,11 +105,6 @@ class Queue:
             idempotency_ttl_ms=int(config.jobs.idempotency_ttl_s * 1000),
             events_maxlen=events_maxlen,
         ))
-
-    async def aclose(self) -> None:
-        """Close the queue's own connections; the redis client passed in stays the caller's."""
-        await self._script_link.aclose()
-        await self._inbox_link.aclose()
 
     # -- API side --------------------------------------------------------------------------------
     async def enqueue(
@@ -158,7 +148,7 @@ class Queue:
         ]
 
     async def get_job(self, job_id: str) -> JobRecord | None:
-        raw = await self.redis.hgetall(self.keys.job(job_id))  # type: ignore[misc]
+        raw = await self.redis.hgetall(self.keys.job(job_id))
         return JobRecord.from_fields(job_id, raw) if raw else None
 
     async def cancel(self, job_id: str) -> JobRecord | None:
@@ -192,7 +182,7 @@ class Queue:
         if not job.terminal and block_ms > 0:
             # Ask for an end marker in case the job ends without output while we block (finish
             # writes one only for watched jobs), then re-check: it may have ended meanwhile.
-            await self.redis.hset(self.keys.job(job_id), "ow", "1")  # type: ignore[misc]
+            await self.redis.hset(self.keys.job(job_id), {"ow": "1"})
             job = await self.get_job(job_id)
             if job is None:
                 return []
@@ -203,7 +193,7 @@ class Queue:
     async def _folded(self, job_id: str, after: str) -> list[OutputEntry]:
         """The output `complete` folded into the record (`o`), as entries `0-1`, `0-2`, ..., then
         the end marker; after an id of a real stream (since expired), only the end marker."""
-        raw = await self.redis.hget(self.keys.job(job_id), "o")  # type: ignore[misc]
+        raw = await self.redis.hget(self.keys.job(job_id), "o")
         flat = json.loads(raw) if raw else []
         entries: list[OutputEntry] = [
             (f"0-{i // 2 + 1}", {"stream": flat[i], "data": flat[i + 1]}) for i in range(0, len(flat), 2)
@@ -217,11 +207,11 @@ class Queue:
     async def _block_on_output(self, key: str, after: str, block_ms: int, count: int) -> list[OutputEntry]:
         if block_ms <= 0:
             return []
-        got = await self.redis.xread({key: after}, count=count, block=block_ms)
+        got = await self.redis.xread({key: after}, count=count, block_ms=block_ms)
         return _entries(got[0][1]) if got else []
 
     async def get_session(self, environment: str, session_id: str) -> dict[str, str] | None:
-        raw = await self.redis.hgetall(self.keys.session(session_name(environment, session_id)))  # type: ignore[misc]
+        raw = await self.redis.hgetall(self.keys.session(session_name(environment, session_id)))
         return {text(k): text(v) for k, v in raw.items()} or None
 
     async def list_sessions(
@@ -235,11 +225,11 @@ class Queue:
 
     async def queue_depth(self, environment: str, session_id: str) -> int:
         """Jobs in the session's FIFO, the running one included."""
-        return int(await self.redis.llen(self.keys.fifo(session_name(environment, session_id))))  # type: ignore[misc]
+        return await self.redis.llen(self.keys.fifo(session_name(environment, session_id)))
 
     async def head_job(self, environment: str, session_id: str) -> JobRecord | None:
         """The job at the head of the session's FIFO (running, or next to run), if any."""
-        jid = await self.redis.lindex(self.keys.fifo(session_name(environment, session_id)), 0)  # type: ignore[misc]
+        jid = await self.redis.lindex(self.keys.fifo(session_name(environment, session_id)), 0)
         return await self.get_job(text(jid)) if jid else None
 
     async def forget_session(self, environment: str, session_id: str) -> bool:
@@ -275,12 +265,12 @@ class Queue:
     ) -> list[Handoff]:
         """Sessions handed to this worker; blocks up to block_s for the first, [] on timeout.
 
-        The read goes over `link`, or the queue's own inbox link: a blocking command must not
-        share the scripts' pipelined link (it would hold up every command behind it). An empty
-        entry (a wake-up from `retire`) gives [].
+        The BLPOP goes over a connection of its own (the client's, or `link`: the consumer's until
+        it moves to the client), never over the pipelined one it would hold up. An empty entry
+        (a wake-up from `retire`) gives [].
         """
-        key = self.keys.inbox(worker_id)
-        got = await (link or self._inbox_link).execute("BLPOP", key, max(block_s, 0.001))
+        key, block_s = self.keys.inbox(worker_id), max(block_s, 0.001)
+        got = await (link.execute("BLPOP", key, block_s) if link else self.redis.blpop([key], block_s))
         if not got or not got[1]:
             return []
         return [Handoff.decode(worker_id, got[1])]
@@ -358,7 +348,7 @@ class Queue:
 
     async def peek_next_job(self, session: str) -> JobRecord | None:
         """The job after the head (the running one) of the session's FIFO, if any."""
-        jid = await self.redis.lindex(self.keys.fifo(session), 1)  # type: ignore[misc]
+        jid = await self.redis.lindex(self.keys.fifo(session), 1)
         return await self.get_job(text(jid)) if jid else None
 
     # -- reconciler repair primitives --------------------------------------------------------------

@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from redis.exceptions import ResponseError
-
 from common.config import QuotaLimits
 from common.queue.keys import Keys, session_name
 from common.queue.models import (
@@ -30,6 +28,7 @@ from common.queue.models import (
     RedisFull,
     SessionNotOwned,
 )
+from common.redis.errors import ResponseError
 from common.redis.link import RedisArg
 from common.redis.scripts import ScriptRunner, Send, load_script
 

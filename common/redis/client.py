@@ -199,6 +199,9 @@ class RedisClient:
                                num: int | None = None) -> list[bytes]:
         return list(await self.link.execute("ZREVRANGEBYSCORE", name, high, low, *_limit(start, num)))
 
+    async def zcount(self, name: str, low: RedisArg, high: RedisArg) -> int:
+        return int(await self.link.execute("ZCOUNT", name, low, high))
+
     async def zrank(self, name: str, member: str) -> int | None:
         rank: int | None = await self.link.execute("ZRANK", name, member)
         return rank

@@ -28,7 +28,7 @@ import collections
 import math
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import hiredis
 from redis.asyncio import Redis
@@ -36,6 +36,9 @@ from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection
 
 from common.redis.errors import ResponseError, connection_failed, reply_error, timed_out
 from common.redis.settings import DEFAULT_CONNECT_TIMEOUT_S, RedisSettings, TlsSettings
+
+if TYPE_CHECKING:
+    from common.redis.client import RedisClient
 
 RedisArg = str | int | float | bytes
 
@@ -197,7 +200,7 @@ class _Protocol(asyncio.Protocol):
 class RedisLink:
     """Commands over one shared, pipelined connection (see the module docstring)."""
 
-    def __init__(self, settings: RedisSettings | Redis) -> None:
+    def __init__(self, settings: RedisSettings | Redis | RedisClient) -> None:
         if not isinstance(settings, RedisSettings):
             settings = _settings_of(settings)
         self.settings = settings
@@ -291,9 +294,12 @@ class RedisLink:
         return protocol
 
 
-def _settings_of(redis: Redis) -> RedisSettings:
-    """TRANSITIONAL (issue 18): the settings of a redis-py client, for the queue, consumer and
-    lease code that still builds links from one; removed once they take a RedisClient."""
+def _settings_of(redis: Redis | RedisClient) -> RedisSettings:
+    """TRANSITIONAL (issue 18): the settings of a client, for the consumer and lease code that
+    still builds links of its own from one (from a redis-py client: tests, cells); removed once
+    they use the RedisClient's own blocking and pub/sub connections."""
+    if not isinstance(redis, Redis):
+        return redis.settings
     pool = redis.connection_pool
     kw = pool.connection_kwargs
     tls = None

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import uvicorn
 
-from api.app import REDIS_POOL_SIZE, create_app
+from api.app import create_app
 from api.http_protocol import HttpProtocol
 from common.config import parse_config
 from common.problem_types import PROBLEM_TYPES, TYPE_BASE
@@ -281,17 +281,21 @@ async def test_a_callback_secret_is_usable_only_by_its_principals(api: Api) -> N
     assert [x["ev"] for x in await _audit(root, principal="key:bob")] == ["callback_secret_denied"] * 2
 
 
+#: Open SSE streams in the test below: each blocks a Redis read on a connection of its own.
+OPEN_STREAMS = 264
+
+
 async def test_open_streams_do_not_starve_other_requests(api: Api) -> None:
-    # Given more open SSE streams than the API's main Redis pool has connections
+    # Given many open SSE streams, each blocked reading Redis
     c = await api()
     alice = c["alice"]
     job_id = (await alice.post("/v1/environments/env/sessions/sse", json=_call(), headers=ASYNC)).json()["id"]
-    limits = httpx.Limits(max_connections=REDIS_POOL_SIZE + 50)
+    limits = httpx.Limits(max_connections=OPEN_STREAMS + 50)
     async with httpx.AsyncClient(
         base_url=str(alice.base_url), headers=dict(alice.headers), limits=limits, timeout=30
     ) as streams:
         opened: list[httpx.Response] = []
-        for _ in range(REDIS_POOL_SIZE + 8):
+        for _ in range(OPEN_STREAMS):
             opened.append(
                 await streams.send(streams.build_request("GET", f"/v1/jobs/{job_id}/events"), stream=True)
             )

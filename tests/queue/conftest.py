@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 
 from common.config import Config, parse_config
 from common.queue import Consumer, Handler, Queue
+from common.redis.client import RedisClient
 
 
 @pytest.fixture
@@ -23,10 +23,9 @@ def queue_config() -> Config:
 
 
 @pytest.fixture
-async def queue(redis_client: aioredis.Redis, queue_config: Config) -> AsyncIterator[Queue]:
-    queue = Queue(redis_client, queue_config)
-    yield queue
-    await queue.aclose()
+async def queue(redis_url: str, queue_config: Config) -> AsyncIterator[Queue]:
+    async with RedisClient.from_url(redis_url) as client:
+        yield Queue(client, queue_config)
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from redis.exceptions import RedisError
 
 from common.config import Config, parse_config
 from common.queue import Consumer, JobContext, Queue
+from common.redis.client import RedisClient
 
 #: The Consumer's block_ms: how often an idle worker renews its announcement (chaos tests bound
 #: recovery by it).
@@ -54,7 +55,7 @@ async def main() -> None:
 async def serve_cell(url: str, args: argparse.Namespace, config: Config, stop: asyncio.Event) -> None:
     """One Consumer on the Redis at `url`, until `stop` is set."""
     redis = aioredis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2)
-    queue = Queue(redis, config)
+    queue = Queue(RedisClient.from_url(f"{url}?socket_timeout=5&socket_connect_timeout=2"), config)
 
     async def handler(ctx: JobContext) -> dict[str, Any]:
         key = f"t:log:{ctx.lease.session}"
@@ -70,6 +71,7 @@ async def serve_cell(url: str, args: argparse.Namespace, config: Config, stop: a
     stats_task.cancel()
     await stopper
     await publish_stats(redis, consumer, args.worker_id)
+    await queue.redis.aclose()
     await redis.aclose()
 
 

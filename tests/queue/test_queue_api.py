@@ -9,6 +9,7 @@ import redis.asyncio as aioredis
 from queue_testkit import job
 
 from common.queue import IdempotencyConflict, JobKind, JobState, NewJob, Queue
+from common.redis.client import RedisClient
 
 
 async def test_enqueue_records_job_and_notifies_once_per_session(
@@ -54,7 +55,7 @@ async def test_explicit_fingerprint_decides_sameness(queue: Queue) -> None:
 
 async def test_concurrent_duplicates_make_one_job(queue: Queue, redis_url: str, queue_config: object) -> None:
     # given 20 clients (own connections) racing the same keyed request
-    clients = [aioredis.Redis.from_url(redis_url) for _ in range(20)]
+    clients = [RedisClient.from_url(redis_url) for _ in range(20)]
     try:
         queues = [Queue(c, queue.config) for c in clients]
         results = await asyncio.gather(*(q.enqueue(job("s1", 0), idempotency_key="dup") for q in queues))

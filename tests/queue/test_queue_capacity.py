@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
@@ -12,6 +13,7 @@ import redis.asyncio as aioredis
 from common.capacity import ADMIT_WINDOW, Capacity, SuspendedBy
 from common.config import Config, parse_config
 from common.queue.keys import Keys
+from common.redis.client import RedisClient
 
 ENV = "cap-env"
 BG_ENV = "bg-env"  # suspend_with_background: its background processes do not stop a park
@@ -26,8 +28,9 @@ def config() -> Config:
 
 
 @pytest.fixture
-def capacity(redis_client: aioredis.Redis, config: Config) -> Capacity:
-    return Capacity(redis_client, config)
+async def capacity(redis_url: str, config: Config) -> AsyncIterator[Capacity]:
+    async with RedisClient.from_url(redis_url) as client:
+        yield Capacity(client, config)
 
 
 async def _running(redis: aioredis.Redis, session: str, idle_s: float, background: bool = False) -> None:

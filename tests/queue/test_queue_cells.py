@@ -25,6 +25,7 @@ from common.actor_names import HASH_HEX, actor_name
 from common.config import Config
 from common.embedded_redis import start_embedded_redis
 from common.queue import Queue, session_name
+from common.redis.client import RedisClient
 
 CELLS = 2
 ENV = "env"
@@ -68,10 +69,10 @@ async def cells(redis_url: str, second_redis_url: str, queue_config: Config) -> 
     made = []
     for url in (redis_url, second_redis_url):
         client = aioredis.Redis.from_url(url)
-        made.append(Cell(url, client, Queue(client, queue_config)))
+        made.append(Cell(url, client, Queue(RedisClient.from_url(url), queue_config)))
     yield made
     for cell in made:
-        await cell.queue.aclose()
+        await cell.queue.redis.aclose()
         await cell.redis.aclose()
 
 

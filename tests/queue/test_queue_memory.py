@@ -8,7 +8,6 @@ from typing import Any
 import redis.asyncio as aioredis
 from queue_testkit import wait_for
 
-from common.config import Config
 from common.queue import Consumer, JobContext, JobKind, NewJob, Queue
 
 SESSIONS = 1000
@@ -26,9 +25,8 @@ async def used(redis: aioredis.Redis) -> int:
 
 
 async def test_bytes_per_idle_session_and_per_queued_job(
-    redis_client: aioredis.Redis, queue_config: Config
+    redis_client: aioredis.Redis, queue: Queue
 ) -> None:
-    queue = Queue(redis_client, queue_config)
     await queue.load_scripts()
     base = await used(redis_client)
 

@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 from common.config import Config
 from common.embedded_redis import EmbeddedRedis, start_embedded_redis
 from common.queue import JobState, Queue
+from common.redis.client import RedisClient
 
 SESSIONS = 40
 
@@ -47,7 +48,8 @@ async def test_acknowledged_jobs_survive_redis_kill_and_workers_reconnect(
 ) -> None:
     server: EmbeddedRedis = start_embedded_redis(tmp_path / "redis")
     client = aioredis.Redis.from_url(server.url, socket_timeout=5, socket_connect_timeout=1)
-    queue = Queue(client, queue_config)
+    timeouts = "socket_timeout=5&socket_connect_timeout=1"
+    queue = Queue(RedisClient.from_url(f"{server.url}?{timeouts}"), queue_config)
     await queue.load_scripts()
     fleet = WorkerFleet(server.url, concurrency=8, lease_ttl_s=1.0, max_job_ms=2.0)
     acked: dict[str, list[str]] = {f"s{n}": [] for n in range(SESSIONS)}
@@ -94,5 +96,6 @@ async def test_acknowledged_jobs_survive_redis_kill_and_workers_reconnect(
         stop_repairs.set()
         await repairs
         fleet.stop_all()
+        await queue.redis.aclose()
         await client.aclose()
         server.stop()

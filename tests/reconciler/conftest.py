@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 
 from common.actor_names import actor_name
 from common.config import Config, parse_config
 from common.queue import JobKind, JobRecord, JobState, NewJob, Queue
+from common.redis.client import RedisClient
 from common.substrate import Actor, NotFound, SubstrateClient, make_substrate_client
 from common.tool_calls import ToolCall
 from local_substrate.server import LocalSubstrate
@@ -49,15 +49,14 @@ def config(redis_url: str) -> Config:
 
 
 @pytest.fixture
-async def queue(redis_client: aioredis.Redis, config: Config) -> AsyncIterator[Queue]:
-    queue = Queue(redis_client, config)
-    yield queue
-    await queue.aclose()
+async def queue(redis_url: str, config: Config) -> AsyncIterator[Queue]:
+    async with RedisClient.from_url(redis_url) as client:
+        yield Queue(client, config)
 
 
 @pytest.fixture
-def store(redis_client: aioredis.Redis, queue: Queue) -> ReconcilerStore:
-    return ReconcilerStore(redis_client, queue.keys)
+def store(queue: Queue) -> ReconcilerStore:
+    return ReconcilerStore(queue.redis, queue.keys)
 
 
 async def wait_for(cond: Callable[[], Awaitable[bool]], timeout_s: float, what: str,
@@ -81,7 +80,7 @@ async def set_session(queue: Queue, sid: str, env: str = ENV, **fields: str) -> 
         for acquired in await queue.take_work("test-setter", 100):
             await queue.complete(acquired.lease, acquired.job.id, JobState.SUCCEEDED, result={})
         if await queue.queue_depth(env, sid) == 0:
-            await queue.redis.hset(queue.keys.session(session), mapping=fields)  # type: ignore[misc]
+            await queue.redis.hset(queue.keys.session(session), fields)
             return
     raise AssertionError(f"could not set fields of {session}")
 
@@ -185,8 +184,7 @@ class Fleet:
 
 
 @pytest.fixture
-async def make_fleet(redis_url: str,
-                     redis_client: aioredis.Redis) -> AsyncIterator[Callable[..., Awaitable[Fleet]]]:
+async def make_fleet(redis_url: str, queue: Queue) -> AsyncIterator[Callable[..., Awaitable[Fleet]]]:
     """Factory: `await make_fleet(reconciler={...})` → a started local Substrate + queue (no services)."""
     fleets: list[Fleet] = []
     dirs: list[Path] = []
@@ -200,7 +198,7 @@ async def make_fleet(redis_url: str,
         await server.start()
         client = make_substrate_client(config, server.address)
         await client.ensure_atespace(config.environments[0].atespace)
-        fleet = Fleet(config, server, client, Queue(redis_client, config))
+        fleet = Fleet(config, server, client, Queue(queue.redis, config))
         fleets.append(fleet)
         return fleet
 

@@ -14,6 +14,8 @@ from common.capacity import Capacity
 from common.config import Config, parse_config
 from common.queue import JobKind, NewJob, Queue
 from common.queue.keys import Keys
+from common.redis.client import RedisClient
+from common.redis.link import Encoded
 from common.redis.scripts import (
     COMPUTED_KEYS,
     SCRIPT_HOMES,
@@ -73,9 +75,11 @@ def test_a_header_declares_keys_in_order_and_names_them_in_lua() -> None:
     declared = Declared.parse("t", body)
     script = LuaScript("t", declared.lua() + body, declared, KEYS)
     # then a call passes exactly those keys, in the header's order, built by Keys
-    assert script.keys(("e/s", "j1"), [("p1", ("p1", "k1")), ("p2", ("p2", "k2"))]) == [
-        "t:events", "t:work", "t:lease:{e/s}", "t:job:j1", "t:pjobs:p1", "t:idem:p1:k1",
-        "t:pjobs:p2", "t:idem:p2:k2"]
+    count, args = script.keys(("e/s", "j1"), [("p1", ("p1", "k1")), ("p2", ("p2", "k2"))])
+    names = [a for arg in args for a in (arg.args if isinstance(arg, Encoded) else (arg,))]
+    assert names == ["t:events", "t:work", "t:lease:{e/s}", "t:job:j1", "t:pjobs:p1", "t:idem:p1:k1",
+                     "t:pjobs:p2", "t:idem:p2:k2"]
+    assert count == len(names)
     # and the script sees each as a local, per-item ones through each_keys(i)
     lua = declared.lua()
     assert "local K_EVENTS = KEYS[1]\n" in lua and "local K_JOB = KEYS[4]\n" in lua
@@ -124,32 +128,30 @@ def config() -> Config:
 
 
 async def test_scripts_forgotten_by_redis_are_loaded_again(redis_client: aioredis.Redis,
-                                                          config: Config) -> None:
+                                                          fleet_redis: RedisClient, config: Config) -> None:
     # given the queue's, the reconciler's and the capacity scripts, each run once
-    queue = Queue(redis_client, config)
-    store = ReconcilerStore(redis_client, queue.keys)
-    capacity = Capacity(redis_client, config)
-    try:
-        await queue.enqueue(NewJob("env", "s0", JobKind.TOOL, {}, "tester"))
-        assert (await store.leader_acquire("me", 10_000))[0]
-        assert (await capacity.turn("env/s0")).rank == 0
-        # when Redis forgets every script (a restart, SCRIPT FLUSH)
-        await redis_client.script_flush()
-        # then calls, many at once, load them again and run
-        results = await asyncio.gather(
-            *(queue.enqueue(NewJob("env", f"s{i}", JobKind.TOOL, {}, "tester")) for i in range(1, 11)))
-        assert all(r.created for r in results)
-        await redis_client.script_flush()
-        assert await store.leader_renew((await store.leader_value()) or "", 10_000)
-        await redis_client.script_flush()
-        assert (await capacity.turn("env/s1")).rank == 0
-    finally:
-        await queue.aclose()
+    queue = Queue(fleet_redis, config)
+    store = ReconcilerStore(fleet_redis, queue.keys)
+    capacity = Capacity(fleet_redis, config)
+    await queue.enqueue(NewJob("env", "s0", JobKind.TOOL, {}, "tester"))
+    assert (await store.leader_acquire("me", 10_000))[0]
+    assert (await capacity.turn("env/s0")).rank == 0
+    # when Redis forgets every script (a restart, SCRIPT FLUSH)
+    await redis_client.script_flush()
+    # then calls, many at once, load them again and run
+    results = await asyncio.gather(
+        *(queue.enqueue(NewJob("env", f"s{i}", JobKind.TOOL, {}, "tester")) for i in range(1, 11)))
+    assert all(r.created for r in results)
+    await redis_client.script_flush()
+    assert await store.leader_renew((await store.leader_value()) or "", 10_000)
+    await redis_client.script_flush()
+    assert (await capacity.turn("env/s1")).rank == 0
 
 
-async def test_a_runner_loads_a_forgotten_script_once_per_call(redis_client: aioredis.Redis) -> None:
+async def test_a_runner_loads_a_forgotten_script_once_per_call(redis_client: aioredis.Redis,
+                                                                fleet_redis: RedisClient) -> None:
     script = load_script("reconciler", "leader_renew", KEYS)
-    runner = ScriptRunner(redis_client.execute_command)
+    runner = ScriptRunner(fleet_redis.execute)
     assert await runner.call(script, args=["nobody", 1000]) == 0
     await redis_client.script_flush()
     assert await redis_client.script_exists(script.sha) == [False]

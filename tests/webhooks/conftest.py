@@ -11,6 +11,7 @@ from webhook_fixtures import DelivererFactory, Fleet, Receiver, make_config
 
 from common.config import Config
 from common.queue import Queue
+from common.redis.client import RedisClient
 from common.redis.settings import RedisSettings
 from workers.webhooks import Deliverer
 
@@ -26,9 +27,10 @@ async def receiver() -> AsyncIterator[Receiver]:
 
 
 @pytest.fixture
-async def fleet(redis_client: aioredis.Redis) -> Fleet:
+async def fleet(redis_client: aioredis.Redis, redis_url: str) -> AsyncIterator[Fleet]:
     config = make_config()
-    return Fleet(config, redis_client, Queue(redis_client, config))
+    async with RedisClient.from_url(redis_url) as client:
+        yield Fleet(config, redis_client, Queue(client, config))
 
 
 @pytest.fixture
