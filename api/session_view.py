@@ -49,7 +49,8 @@ async def session_view(queue: Queue, env: Environment, sid: str) -> dict[str, An
         "cold_start": info.get("cold_start") == "1",
         "last_resume_ms": _float(info.get("last_resume_ms")),
         "last_suspend_ms": _float(info.get("last_suspend_ms")),
-        "snapshot": {"kept": info.get("snapshot_kept") == "1", "location": info.get("snapshot") or None},
+        "snapshot": {"kept": info.get("snapshot_kept") == "1", "location": info.get("snapshot") or None,
+                     "bytes": int(info["snapshot_bytes"]) if info.get("snapshot_bytes") else None},
         "drift": ({"kind": info["drift"], "detail": info.get("drift_detail"), "at": info.get("drift_at")}
                   if info.get("drift") else None),
     }

@@ -64,6 +64,9 @@ LIST_RESTARTS = 3
 #: sockets, devices) its snapshot left out, as JSON {"count": n, "paths": [...]}. Not part of the
 #: Substrate contract: a cluster never sends it.
 DROPPED_FILES_KEY = "atefleet-dropped-files"
+#: Trailing metadata of a local Substrate's SuspendActor answer: the snapshot's size in bytes (a
+#: cluster's API reports none, so its sessions show no size).
+SNAPSHOT_BYTES_KEY = "atefleet-snapshot-bytes"
 #: Characters of paths that report carries at most (gRPC metadata is small).
 DROPPED_REPORT_CHARS = 4000
 
@@ -170,6 +173,8 @@ class Actor:
     #: the first of their paths).
     dropped_count: int = 0
     dropped_files: tuple[str, ...] = ()
+    #: Answer to a local Substrate's suspend: the snapshot's size (None when not reported).
+    snapshot_bytes: int | None = None
 
     @property
     def running(self) -> bool:
@@ -283,13 +288,19 @@ def encode_dropped(paths: tuple[str, ...]) -> str:
     return json.dumps({"count": len(paths), "paths": sample})
 
 
-def _dropped(trailers: dict[str, str]) -> dict[str, Any]:
-    """Actor fields from a DROPPED_FILES_KEY trailer (none when absent or unreadable)."""
+def _suspend_report(trailers: dict[str, str]) -> dict[str, Any]:
+    """Actor fields from a local Substrate's suspend trailers (each absent when not sent or
+    unreadable)."""
+    fields: dict[str, Any] = {}
     try:
         report = json.loads(trailers[DROPPED_FILES_KEY])
-        return {"dropped_count": int(report["count"]), "dropped_files": tuple(map(str, report["paths"]))}
+        fields.update(dropped_count=int(report["count"]), dropped_files=tuple(map(str, report["paths"])))
     except (KeyError, ValueError, TypeError):
-        return {}
+        pass
+    size = trailers.get(SNAPSHOT_BYTES_KEY, "")
+    if size.isdigit():
+        fields["snapshot_bytes"] = int(size)
+    return fields
 
 
 def _backoff_s(attempt: int) -> float:
@@ -456,7 +467,7 @@ class SubstrateClient:
         trailers: dict[str, str] = {}
         request = pb.SuspendActorRequest(actor_ref=_ref(atespace, name))
         resp = await self._lifecycle("SuspendActor", request, trailers)
-        return replace(_actor_from_pb(atespace, name, resp.actor), **_dropped(trailers))
+        return replace(_actor_from_pb(atespace, name, resp.actor), **_suspend_report(trailers))
 
     async def pause_actor(self, atespace: str, name: str) -> Actor:
         resp = await self._lifecycle("PauseActor", pb.PauseActorRequest(actor_ref=_ref(atespace, name)))

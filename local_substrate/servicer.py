@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -12,7 +13,7 @@ import grpc.aio
 
 from common.ateapi import ateapi_pb2 as pb
 from common.ateapi import ateapi_pb2_grpc as pb_grpc
-from common.substrate import DROPPED_FILES_KEY, encode_dropped
+from common.substrate import DROPPED_FILES_KEY, SNAPSHOT_BYTES_KEY, encode_dropped
 from local_substrate.control import Control
 from local_substrate.errors import VERSION_CONFLICT, ControlError
 from local_substrate.faults import Faults
@@ -113,8 +114,11 @@ class ControlServicer(pb_grpc.ControlServicer):
         async def call() -> Any:
             ref = request.actor_ref
             rec = await self._c.suspend(ref.atespace, ref.name)
+            size = _file_size(rec.snapshot)
+            report = [] if size is None else [(SNAPSHOT_BYTES_KEY, str(size))]
             if rec.dropped:
-                context.set_trailing_metadata(((DROPPED_FILES_KEY, encode_dropped(rec.dropped)),))
+                report.append((DROPPED_FILES_KEY, encode_dropped(rec.dropped)))
+            context.set_trailing_metadata(tuple(report))
             return pb.SuspendActorResponse(actor=actor_pb(rec))
 
         return await self._run("SuspendActor", context, call)
@@ -192,3 +196,11 @@ class ControlServicer(pb_grpc.ControlServicer):
             return pb.DebugClearResponse()
 
         return await self._run("DebugClear", context, call)
+
+
+def _file_size(path: str) -> int | None:
+    """Bytes of a snapshot file (None for none yet, or one pruned meanwhile)."""
+    try:
+        return os.stat(path).st_size if path else None
+    except OSError:
+        return None

@@ -386,8 +386,9 @@ class ActorKeeper:
             raise await self._failure(env.atespace, name, err) from err
         took_ms = round((time.monotonic() - started) * 1000, 1)
         LIFECYCLE_LATENCY.labels(op="suspend").observe(took_ms / 1000)
+        size = {} if actor.snapshot_bytes is None else {"snapshot_bytes": str(actor.snapshot_bytes)}
         await ctx.update_session(state="suspended", last_suspend_ms=str(took_ms), background_processes="[]",
-                                 suspended_by=str(by))
+                                 suspended_by=str(by), **size)
         self._worker_freed()
         await self.capacity.suspended(ctx.job.session, by, ctx.job.id)
         if by in FLEET_PARKS:

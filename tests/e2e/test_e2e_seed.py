@@ -106,6 +106,7 @@ def test_file_survives_suspend_and_resume(fleet: RunningFleet) -> None:
         assert c.post(f"{base}/resume").status_code == 200
         assert c.post(base, json=write).status_code == 200
         assert c.post(f"{base}/suspend").status_code == 200
+        assert c.get(base).json()["snapshot"]["bytes"] > 0  # the local Substrate reports its size
         assert c.post(f"{base}/resume").json()["cold_start"] is False
         assert c.post(base, json=read).json()["output"] == "kept"
         # destroy keeping the snapshot: the state says where it is

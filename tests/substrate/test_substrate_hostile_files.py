@@ -81,6 +81,7 @@ async def test_special_files_are_dropped_and_reported_on_the_suspend(
     suspended = await h.client.suspend_actor(ATESPACE, name)
     assert suspended.status is ActorStatus.SUSPENDED
     assert suspended.dropped_count == 3
+    assert suspended.snapshot_bytes and suspended.snapshot_bytes > 0
     assert set(suspended.dropped_files) == {"workspace/pipe", "workspace/sub/pipe2", "workspace/sock"}
     assert await _kept_after_resume(h, name) == "kept\n"
     actor = await h.client.get_actor(ATESPACE, name)

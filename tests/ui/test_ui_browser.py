@@ -6,6 +6,7 @@ replay a dead letter to success; no page logs a console error. Screenshots of ev
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -202,6 +203,10 @@ def test_a_session_and_its_running_job_show_output_as_it_arrives(tab: Page, ui_f
     with ui_fleet.client(KEY_ADMIN) as client:
         records = client.get("/v1/audit", params={"session": "ui-live"}).json()["records"]
     assert any(r.get("op") == "ui_suspend" and r.get("pr") == "key:admin" for r in records)
+    # and the session's page then shows the snapshot's size
+    tab.page.goto(f"/ui/sessions/{ENV}/ui-live")
+    size = re.compile(r"\d+(\.\d+)? (Bytes|kB|MB)")
+    expect(tab.page.locator("dd", has_text="last one")).to_contain_text(size)
 
 
 def test_a_dead_letter_is_replayed_from_the_ui_and_succeeds(tab: Page, ui_fleet: RunningFleet) -> None:
