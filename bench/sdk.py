@@ -14,9 +14,12 @@ sessions, writes a 1 KiB file in each, then measures over real HTTP on loopback:
    with the client's CPU per call. Target: sdk >= 80% of minimal.
 2. latency: one session, sequential `read_file`, interleaved: minimal vs the sync `Client` vs
    `AsyncClient`. Target: sync SDK p50 <= minimal p50 + 0.2 ms.
-3. fan-out: 1,000 async `read_file` jobs (10 per session) submitted through the SDK and collected
-   with `AsyncClient.as_completed`, next to the same jobs submitted and long-polled with the
-   minimal client as bench/async.py does; completions/s from the jobs' own timestamps.
+3. fan-out: 1,000 async `read_file` jobs (10 per session), each submit pattern through both
+   clients, in interleaved rounds: one POST per job (per session in order) and one
+   `POST /v1/jobs:batch`. The minimal client runs bench/async.py's phases (it long-polls only each
+   session's last job); the SDK submits its idiomatic way (`session.submit`, `client.batch`) and
+   collects every job with `AsyncClient.as_completed`. Completions/s from the jobs' own
+   timestamps (first `created_at` to last `finished_at`), so slow submits count too.
 
     .venv/bin/python bench/sdk.py [--calls 20] [--rounds 2] [--n 300]
 
@@ -195,19 +198,47 @@ async def latency(fleet: RunningFleet, n: int) -> dict[str, list[float]]:
     return samples
 
 
-async def fan_out(fleet: RunningFleet, sids: list[str], per_session: int) -> dict[str, float]:
-    """Submit `per_session` read_file jobs per session through the SDK (in order per session), then
-    collect all of them with `as_completed`."""
+async def sdk_fan_out(fleet: RunningFleet, sids: list[str], per_session: int,
+                      batch: bool) -> dict[str, float]:
+    """`per_session` read_file jobs per session submitted through the SDK, then collected with
+    `as_completed`. `batch`: one `client.batch` (session-interleaved, like bench/async.py's batch
+    phase); else per session in order, one `session.submit` each (like its submit phase)."""
     async with AsyncClient(fleet.url) as client:
-        async def submit(sid: str) -> list[Job]:
-            session = client.session(ENV, sid)
-            return [await session.submit("read_file", {"path": SMALL_FILE}) for _ in range(per_session)]
+        began = time.perf_counter()
+        if batch:
+            jobs = await client.batch([{"environment": ENV, "session": sid, **READ_SMALL}
+                                       for _ in range(per_session) for sid in sids])
+        else:
+            async def submit(sid: str) -> list[Job]:
+                session = client.session(ENV, sid)
+                return [await session.submit("read_file", {"path": SMALL_FILE}) for _ in range(per_session)]
 
-        jobs = [j for js in await asyncio.gather(*(submit(s) for s in sids)) for j in js]
+            jobs = [j for js in await asyncio.gather(*(submit(s) for s in sids)) for j in js]
+        submit_per_s = len(jobs) / (time.perf_counter() - began)
         done = [job async for job in client.as_completed(jobs)]
     if any(j.state != "succeeded" for j in done) or len(done) != len(jobs):
         raise RuntimeError("as_completed: not every job succeeded")
-    return dict(bench_async.completion_figures([j.model_dump() for j in done]))
+    return {"submit_per_s": submit_per_s, **bench_async.completion_figures([j.model_dump() for j in done])}
+
+
+async def fan_out_rounds(fleet: RunningFleet, sids: list[str], per_session: int,
+                         rounds: int) -> dict[str, dict[str, float]]:
+    """Each submit pattern through the minimal client (bench/async.py's phases, which long-poll
+    only each session's last job) and through the SDK (`as_completed` over every job), in
+    interleaved rounds so machine noise hits all alike; the mean of each one's rounds."""
+    everything = len(sids) * per_session  # in one batch
+    phases: dict[str, Callable[[], Awaitable[dict[str, Any]]]] = {
+        "minimal_one_post": lambda: bench_async.submit_phase(fleet, sids, per_session),
+        "sdk_one_post": lambda: sdk_fan_out(fleet, sids, per_session, batch=False),
+        "minimal_batch": lambda: bench_async.batch_phase(fleet, sids, per_session, batch=everything),
+        "sdk_batch": lambda: sdk_fan_out(fleet, sids, per_session, batch=True),
+    }
+    figures: dict[str, list[dict[str, Any]]] = {name: [] for name in phases}
+    for _ in range(rounds):
+        for name, phase in phases.items():
+            figures[name].append(await phase())
+    return {name: {k: sum(r[k] for r in rs) / rounds for k in ("submit_per_s", "per_s", "p50")}
+            for name, rs in figures.items()}
 
 
 async def run(args: argparse.Namespace) -> dict[str, float]:
@@ -218,13 +249,12 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
         await throughput(fleet, sids, 1, WRITE_SMALL)
         lat = await latency(fleet, args.n)
         tp = await throughput_rounds(fleet, sids, args.calls, args.rounds)
-        minimal_async = await bench_async.submit_phase(fleet, sids, args.jobs // args.sessions)
-        sdk_async = await fan_out(fleet, sids, args.jobs // args.sessions)
-    return report(lat, tp, minimal_async, sdk_async, args)
+        fan = await fan_out_rounds(fleet, sids, args.jobs // args.sessions, args.rounds)
+    return report(lat, tp, fan, args)
 
 
-def report(lat: dict[str, list[float]], tp: dict[str, Any], minimal_async: dict[str, Any],
-           sdk_async: dict[str, float], args: argparse.Namespace) -> dict[str, float]:
+def report(lat: dict[str, list[float]], tp: dict[str, Any], fan: dict[str, dict[str, Any]],
+           args: argparse.Namespace) -> dict[str, float]:
     print(f"load average at the end: {load_average()}")
     print(f"throughput, {args.sessions} sessions x {args.calls} sync read_file, "
           f"mean of {args.rounds} rounds:")
@@ -238,15 +268,27 @@ def report(lat: dict[str, list[float]], tp: dict[str, Any], minimal_async: dict[
     for name in lat:
         print(f"  {name:10s} p50 {p[name][0]:6.3f} ms   p99 {p[name][1]:6.3f} ms")
     print(f"  sync SDK adds {added:.3f} ms p50 (target <= {TARGET_SYNC_ADDED_MS})")
-    print(f"fan-out, {args.jobs} async read_file jobs: minimal client "
-          f"{minimal_async['per_s']:.0f} completed/s, SDK as_completed {sdk_async['per_s']:.0f} completed/s")
+    print(f"fan-out, {args.jobs} async read_file jobs ({args.sessions} sessions), mean of {args.rounds} "
+          "rounds; completed/s from the jobs' timestamps:")
+    for name, fig in fan.items():
+        print(f"  {name:16s} submit {fig['submit_per_s']:6.0f}/s   completed {fig['per_s']:6.0f}/s   "
+              f"submit->done p50 {fig['p50']:.0f} ms")
+    fan_ratio = {pattern: fan[f"sdk_{pattern}"]["per_s"] / fan[f"minimal_{pattern}"]["per_s"]
+                 for pattern in ("one_post", "batch")}
+    print(f"  SDK as_completed / minimal: one POST per job {fan_ratio['one_post']:.2f}, "
+          f"one batch {fan_ratio['batch']:.2f} (target: holds the minimal client's rate)")
     per_client = {f"{name}_read_file_calls_per_s": fig["per_s"] for name, fig in tp.items()}
     cpu = {f"{name}_client_cpu_ms": fig["client_cpu_ms"] for name, fig in tp.items()}
     return {
         **per_client, "sdk_to_minimal_ratio": ratio, **cpu,
         "minimal_read_p50_ms": p["minimal"][0], "sdk_sync_read_p50_ms": p["sdk_sync"][0],
         "sdk_async_read_p50_ms": p["sdk_async"][0], "sdk_sync_added_p50_ms": added,
-        "minimal_async_completed_per_s": minimal_async["per_s"], "sdk_as_completed_per_s": sdk_async["per_s"],
+        "minimal_async_completed_per_s": fan["minimal_one_post"]["per_s"],
+        "sdk_as_completed_per_s": fan["sdk_one_post"]["per_s"],
+        "sdk_as_completed_ratio": fan_ratio["one_post"],
+        "minimal_batch_completed_per_s": fan["minimal_batch"]["per_s"],
+        "sdk_batch_as_completed_per_s": fan["sdk_batch"]["per_s"],
+        "sdk_batch_as_completed_ratio": fan_ratio["batch"],
     }
 
 
