@@ -38,6 +38,9 @@ class RedisClient:
     def __init__(self, settings: RedisSettings, max_blocking: int = DEFAULT_MAX_BLOCKING) -> None:
         self.settings = settings
         self.link = RedisLink(settings)
+        #: A command over the pipelined link, answered as Redis answers (for the script registry
+        #: and for commands without a method here); the link's own method: no extra await per call.
+        self.execute: Callable[..., Awaitable[Any]] = self.link.execute
         self._max_blocking = max_blocking
         self._idle_blocking: list[RedisLink] = []
         self._busy_blocking: set[RedisLink] = set()
@@ -60,11 +63,6 @@ class RedisClient:
         self._busy_blocking.clear()
         for link in links:
             await link.aclose()
-
-    async def execute(self, *args: RedisArg) -> Any:
-        """A command over the pipelined link, answered as Redis answers (for the script registry
-        and for commands without a method here)."""
-        return await self.link.execute(*args)
 
     async def execute_blocking(self, block_s: float, *args: RedisArg) -> Any:
         """A command that may block up to `block_s`, on a connection no other caller is using."""
