@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import NoScriptError
 
-from common.redis.link import RedisArg
+from common.redis.link import Encoded, RedisArg
 
 if TYPE_CHECKING:
     from common.queue.keys import Keys
@@ -87,7 +87,7 @@ COMPUTED_KEYS: dict[str, dict[str, str]] = {
     "survey": {**_sessions("sessions:{env} (ids)")},
 }
 
-#: How calls reach Redis: `RedisLink.execute` (or a redis-py client's `execute_command`).
+#: How calls reach Redis: `RedisClient.execute` (the pipelined link; it takes `Encoded` runs).
 Send = Callable[..., Awaitable[Any]]
 
 _DECLARATION = re.compile(r"^--! keys(?: (of|each) \(([\w, ]*)\))?:(.*)$", re.MULTILINE)
@@ -178,6 +178,58 @@ def _builder(keys: Keys, kind: str) -> Callable[[Any], str]:
     return build
 
 
+#: Kinds whose subject is new at nearly every call (a job id, an idempotency key): built each
+#: time. The others' subjects (a session, a principal, an environment, a worker) recur call after
+#: call, so their names are kept, laid out for the wire, for the last `NAME_CACHE_SIZE` subjects:
+#: a session's keys are built once for its whole turn, not once per job.
+_FRESH_KINDS = frozenset({"job", "out", "sec", "idem", "key"})
+NAME_CACHE_SIZE = 4096
+
+#: A subject's keys of a run of kinds, as arguments of the call.
+Names = Callable[[Any], list[RedisArg]]
+
+
+@functools.cache
+def _names(keys: Keys, kinds: tuple[str, ...]) -> Names:
+    """The names of one subject's keys of `kinds` (a run of the header), kept when they recur."""
+    builders = [_builder(keys, kind) for kind in kinds]
+    if _FRESH_KINDS.intersection(kinds):
+        return _all_of(builders)
+
+    @functools.lru_cache(NAME_CACHE_SIZE)
+    def kept(subject: Any) -> list[RedisArg]:
+        return [Encoded(tuple(build(subject) for build in builders))]
+
+    return kept
+
+
+def _all_of(builders: list[Callable[[Any], str]]) -> Names:
+    """One call of each builder; runs of up to three are spelt out (half the CPU of a loop, and
+    these names are built at every call)."""
+    if len(builders) == 1:
+        (a,) = builders
+        return lambda subject: [a(subject)]
+    if len(builders) == 2:
+        a, b = builders
+        return lambda subject: [a(subject), b(subject)]
+    if len(builders) == 3:
+        a, b, c = builders
+        return lambda subject: [a(subject), b(subject), c(subject)]
+    return lambda subject: [build(subject) for build in builders]
+
+
+def _runs(keys: Keys, pairs: tuple[tuple[str, str], ...],
+          subjects: tuple[str, ...]) -> tuple[tuple[Names, int], ...]:
+    """(names, subject index) per run of consecutive keys of one subject."""
+    runs: list[tuple[list[str], str]] = []
+    for kind, subject in pairs:
+        if runs and runs[-1][1] == subject:
+            runs[-1][0].append(kind)
+        else:
+            runs.append(([kind], subject))
+    return tuple((_names(keys, tuple(kinds)), subjects.index(subject)) for kinds, subject in runs)
+
+
 class LuaScript:
     """One script as sent: its full source and SHA, and how to build its KEYS for a call."""
 
@@ -186,17 +238,23 @@ class LuaScript:
         self.source = source
         self.sha = hashlib.sha1(source.encode()).hexdigest()
         self.declared = declared
-        self._fleet = tuple(getattr(keys, n) for n in declared.fleet)
-        self._of = tuple((_builder(keys, k), declared.of_subjects.index(s)) for k, s in declared.of)
-        self._each = tuple((_builder(keys, k), declared.each_subjects.index(s)) for k, s in declared.each)
+        fleet = tuple(getattr(keys, n) for n in declared.fleet)
+        #: The fleet-wide keys, laid out for the wire once.
+        self._fleet: list[RedisArg] = [Encoded(fleet)] if fleet else []
+        self._fixed_count = len(fleet) + len(declared.of)
+        self._of = _runs(keys, declared.of, declared.of_subjects)
+        self._each = _runs(keys, declared.each, declared.each_subjects)
 
-    def keys(self, of: Sequence[Any] = (), each: Iterable[Sequence[Any]] = ()) -> list[str]:
-        """KEYS for a call: the fleet-wide ones, those of `of` (the subjects, in the header's
-        order), then those of each item of `each`."""
-        keys = [*self._fleet, *[build(of[i]) for build, i in self._of]]
+    def keys(self, of: Sequence[Any] = (), each: Sequence[Sequence[Any]] = ()) -> tuple[int, list[RedisArg]]:
+        """(number of KEYS, KEYS as call arguments) for a call: the fleet-wide ones, those of `of`
+        (the subjects, in the header's order), then those of each item of `each`."""
+        keys = self._fleet.copy()
+        for names, i in self._of:
+            keys += names(of[i])
         for item in each:
-            keys += [build(item[i]) for build, i in self._each]
-        return keys
+            for names, i in self._each:
+                keys += names(item[i])
+        return self._fixed_count + len(each) * len(self.declared.each), keys
 
 
 @functools.cache
@@ -215,16 +273,16 @@ class ScriptRunner:
     def __init__(self, send: Send) -> None:
         self._send = send
 
-    async def call(self, script: LuaScript, of: Sequence[Any] = (), each: Iterable[Sequence[Any]] = (),
+    async def call(self, script: LuaScript, of: Sequence[Any] = (), each: Sequence[Sequence[Any]] = (),
                    args: Sequence[RedisArg] = ()) -> Any:
         """The script's reply, or its error as `send` raises it."""
-        keys = script.keys(of, each)
+        count, keys = script.keys(of, each)
         try:
-            return await self._send("EVALSHA", script.sha, len(keys), *keys, *args)
+            return await self._send("EVALSHA", script.sha, count, *keys, *args)
         except NoScriptError:
             # A restarted Redis (or SCRIPT FLUSH) forgot it: load it (idempotent), call again.
             await self._send("SCRIPT", "LOAD", script.source)
-            return await self._send("EVALSHA", script.sha, len(keys), *keys, *args)
+            return await self._send("EVALSHA", script.sha, count, *keys, *args)
 
     async def load(self, scripts: Iterable[LuaScript]) -> None:
         """Load scripts now (else each is loaded at its first NOSCRIPT)."""

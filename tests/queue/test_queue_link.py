@@ -14,12 +14,21 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from common.embedded_redis import redis_server_binary
 from common.event_loop import run_network_role
 from common.redis.errors import reply_error
-from common.redis.link import RedisLink, encode_command
+from common.redis.link import Encoded, RedisLink, encode_command
 
 
 def test_encode_command_is_resp_bulk_strings() -> None:
     assert encode_command(("SET", "k", b"v\r\n", 3, 1.5)) == (
         b"*5\r\n$3\r\nSET\r\n$1\r\nk\r\n$3\r\nv\r\n\r\n$1\r\n3\r\n$3\r\n1.5\r\n")
+
+
+def test_an_encoded_run_is_sent_as_its_arguments() -> None:
+    # a script's fleet-wide keys, laid out once: the same bytes as the keys one by one
+    run = Encoded(("af:ready", "af:sess:{env/é}"))
+    assert encode_command(("EVALSHA", "ab", 2, run, 7)) == encode_command(
+        ("EVALSHA", "ab", 2, "af:ready", "af:sess:{env/é}", 7))
+    assert encode_command(("X", run, b"\xff", 1.5)) == encode_command(
+        ("X", "af:ready", "af:sess:{env/é}", b"\xff", 1.5))
 
 
 def test_error_replies_are_raised_as_redis_py_raises_them() -> None:
