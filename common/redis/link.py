@@ -50,7 +50,8 @@ class Encoded:
     def __init__(self, args: tuple[str, ...]) -> None:
         self.args = args
         self.count = len(args)
-        self.resp = "".join(f"${len(arg.encode())}\r\n{arg}\r\n" for arg in args)
+        self.resp = "".join([f"${len(arg) if arg.isascii() else len(arg.encode())}\r\n{arg}\r\n"
+                             for arg in args])
 
 
 RedisArg = str | int | float | bytes | Encoded

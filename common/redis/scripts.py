@@ -186,24 +186,24 @@ _FRESH_KINDS = frozenset({"job", "out", "sec", "idem", "key"})
 NAME_CACHE_SIZE = 4096
 
 #: A subject's keys of a run of kinds, as arguments of the call.
-Names = Callable[[Any], list[RedisArg]]
+Names = Callable[[Any], Sequence[RedisArg]]
 
 
 @functools.cache
 def _names(keys: Keys, kinds: tuple[str, ...]) -> Names:
     """The names of one subject's keys of `kinds` (a run of the header), kept when they recur."""
-    builders = [_builder(keys, kind) for kind in kinds]
+    names = _all_of([_builder(keys, kind) for kind in kinds])
     if _FRESH_KINDS.intersection(kinds):
-        return _all_of(builders)
+        return names
 
     @functools.lru_cache(NAME_CACHE_SIZE)
-    def kept(subject: Any) -> list[RedisArg]:
-        return [Encoded(tuple(build(subject) for build in builders))]
+    def kept(subject: Any) -> Sequence[RedisArg]:
+        return [Encoded(tuple(names(subject)))]
 
     return kept
 
 
-def _all_of(builders: list[Callable[[Any], str]]) -> Names:
+def _all_of(builders: list[Callable[[Any], str]]) -> Callable[[Any], Sequence[str]]:
     """One call of each builder; runs of up to three are spelt out (half the CPU of a loop, and
     these names are built at every call)."""
     if len(builders) == 1:

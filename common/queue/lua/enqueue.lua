@@ -1,7 +1,7 @@
 -- enqueue.lua: record N jobs atomically, each appended to its session's FIFO.
 --
 --! keys: work events callbacks audit active delayed idle idle_until ready
---! keys each (j, s, env, pr, idem): job(j) sec(j) fifo(s) sess(s) lease(s) index(env) idem(idem) owned(pr) pjobs(pr) obytes(pr)
+--! keys each (j, s, env, pr, idem): job(j) sec(j) lease(s) fifo(s) sess(s) index(env) idem(idem) owned(pr) pjobs(pr) obytes(pr)
 -- ARGV[1] now_ms   ARGV[2] N
 -- ARGV[3..7] the principal's quotas (0 = none): sessions owned, jobs queued per session, jobs
 --   queued in total, output bytes stored; then the audit stream's MAXLEN (0 = no audit records)
