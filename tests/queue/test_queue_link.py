@@ -15,6 +15,7 @@ from common.embedded_redis import redis_server_binary
 from common.event_loop import run_network_role
 from common.redis.errors import reply_error
 from common.redis.link import Encoded, RedisLink, encode_command
+from common.redis.settings import RedisSettings
 
 
 def test_encode_command_is_resp_bulk_strings() -> None:
@@ -48,8 +49,8 @@ def test_encode_command_counts_bytes_not_characters() -> None:
     assert encode_command(("SET", "k", "é")) == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\n\xc3\xa9\r\n"
 
 
-async def test_concurrent_commands_get_their_own_replies_in_order(redis_client: aioredis.Redis) -> None:
-    link = RedisLink(redis_client)  # the fixture's URL carries the embedded server's password
+async def test_concurrent_commands_get_their_own_replies_in_order(redis_url: str) -> None:
+    link = RedisLink(RedisSettings.from_url(redis_url))
     try:
         replies = await asyncio.gather(*(link.execute("INCR", f"k{i % 7}") for i in range(700)))
         values = await asyncio.gather(*(link.execute("GET", f"k{i}") for i in range(7)))
@@ -61,8 +62,8 @@ async def test_concurrent_commands_get_their_own_replies_in_order(redis_client: 
     assert echoed == [f"e{i}".encode() for i in range(300)]
 
 
-async def test_error_replies_raise_and_do_not_shift_later_replies(redis_client: aioredis.Redis) -> None:
-    link = RedisLink(redis_client)
+async def test_error_replies_raise_and_do_not_shift_later_replies(redis_url: str) -> None:
+    link = RedisLink(RedisSettings.from_url(redis_url))
     try:
         await link.execute("SET", "s", "text")
         bad, good = await asyncio.gather(link.execute("INCR", "s"), link.execute("GET", "s"),
@@ -72,8 +73,8 @@ async def test_error_replies_raise_and_do_not_shift_later_replies(redis_client: 
     assert isinstance(bad, ResponseError) and good == b"text"
 
 
-async def test_a_cancelled_caller_does_not_take_the_next_reply(redis_client: aioredis.Redis) -> None:
-    link = RedisLink(redis_client)
+async def test_a_cancelled_caller_does_not_take_the_next_reply(redis_url: str) -> None:
+    link = RedisLink(RedisSettings.from_url(redis_url))
     try:
         await link.execute("PING")
         slow = asyncio.ensure_future(link.execute("BLPOP", "nothing", 0.2))
@@ -85,9 +86,9 @@ async def test_a_cancelled_caller_does_not_take_the_next_reply(redis_client: aio
 
 
 async def test_a_killed_connection_fails_in_flight_calls_and_the_next_reconnects(
-    redis_client: aioredis.Redis,
+    redis_client: aioredis.Redis, redis_url: str,
 ) -> None:
-    link = RedisLink(redis_client)
+    link = RedisLink(RedisSettings.from_url(redis_url))
     try:
         await link.execute("CLIENT", "SETNAME", "link-under-test")
         blocked = asyncio.ensure_future(link.execute("BLPOP", "never", 10))
@@ -104,21 +105,19 @@ def test_the_link_runs_on_uvloop(redis_url: str) -> None:
     """The roles that use it run on uvloop (common.event_loop), whose transports differ."""
 
     async def main() -> list[object]:
-        client = aioredis.Redis.from_url(redis_url)
-        link = RedisLink(client)
+        link = RedisLink(RedisSettings.from_url(redis_url))
         try:
             return list(await asyncio.gather(link.execute("PING"), link.execute("ECHO", "uv")))
         finally:
             await link.aclose()
-            await client.aclose()
 
     assert run_network_role(main()) == [b"PONG", b"uv"]
 
 
 async def test_listen_hands_over_messages_and_raises_when_the_connection_drops(
-    redis_client: aioredis.Redis,
+    redis_client: aioredis.Redis, redis_url: str,
 ) -> None:
-    link = RedisLink(redis_client)
+    link = RedisLink(RedisSettings.from_url(redis_url))
     got: list[str] = []
     subscribed = asyncio.Event()
 
@@ -150,7 +149,7 @@ async def test_unix_socket_url_with_a_db(tmp_path: Path) -> None:
     server = subprocess.Popen([redis_server_binary(), "--port", "0", "--unixsocket", str(sock),
                                "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
     client = aioredis.Redis.from_url(f"unix://{sock}?db=3")
-    link = RedisLink(client)
+    link = RedisLink(RedisSettings.from_url(f"unix://{sock}?db=3"))
     try:
         async with asyncio.timeout(10):
             while not sock.exists():
