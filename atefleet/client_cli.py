@@ -9,6 +9,7 @@ with its problem's title and detail (exit 2 for usage errors, `exec` exits with 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -120,12 +121,16 @@ def _add_job_commands(commands: _Commands) -> None:
             j.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
 
 
+#: The largest page `GET /v1/audit` serves.
+AUDIT_PAGE_MAX = 1000
+
+
 def _add_admin_commands(commands: _Commands) -> None:
     commands.command("capacity", _capacity, "Substrate workers, sessions running / parked / waiting")
     a = commands.command("audit", _audit, "audit records (admin scope)")
     for name in ("principal", "session", "since", "until"):
         a.add_argument(f"--{name}", default="")
-    a.add_argument("--limit", type=int, default=100)
+    a.add_argument("--limit", type=int, default=100, help="at most this many records (oldest first)")
     dlq = commands.noun("dlq", "dead-lettered jobs (admin scope): ls, show, replay, discard", _dlq_ls)
     commands.add(dlq, "ls", _dlq_ls, "dead-lettered jobs, newest first")
     for verb, handler, help in (("show", _dlq_show, "one entry and its job"),
@@ -373,8 +378,10 @@ def _dlq_discard(client: Client, args: argparse.Namespace) -> int:
 
 
 def _audit(client: Client, args: argparse.Namespace) -> int:
-    records = list(client.audit(principal=args.principal, session=args.session, since=args.since,
-                                until=args.until, limit=args.limit))
+    # The first --limit records, fetched in pages no bigger than that.
+    pages = client.audit(principal=args.principal, session=args.session, since=args.since,
+                         until=args.until, page_size=min(args.limit, AUDIT_PAGE_MAX))
+    records = list(itertools.islice(pages, args.limit))
     if args.json:
         _print_json(records)
         return 0
