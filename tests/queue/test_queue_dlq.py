@@ -29,6 +29,7 @@ async def test_replay_puts_the_same_job_at_the_sessions_tail(
     # given a dead job with output, and a newer job of the same session queued meanwhile
     jid, entry = await _dead(queue, "s", 0)
     await redis_client.xadd(queue.keys.output(jid), {"stream": "stdout", "data": "old"})
+    await redis_client.hset(queue.keys.job(jid), mapping={"o": '["stdout","old"]', "tr": "1"})  # folded
     newer = (await queue.enqueue(job("s", 1))).job_id
     dlq = DeadLetters(queue)
     assert (await dlq.get(entry)) is not None and await dlq.size() == 1
@@ -44,6 +45,7 @@ async def test_replay_puts_the_same_job_at_the_sessions_tail(
     assert record.attempts == 0 and record.error is None and record.finished_at is None
     assert await redis_client.ttl(queue.keys.job(jid)) == -1  # no longer expiring
     assert not await redis_client.exists(queue.keys.output(jid))
+    assert await redis_client.hmget(queue.keys.job(jid), ["o", "tr"]) == [None, None]
     assert await dlq.size() == 0 and await dlq.get(entry) is None
     last = (await redis_client.xrevrange(queue.keys.events, count=1))[0][1]
     assert last[b"job"] == jid.encode() and last[b"state"] == b"queued"

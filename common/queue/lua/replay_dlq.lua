@@ -25,7 +25,7 @@ if not st then
   return {'expired', jid}
 end
 if st ~= 'failed' then return {'not_failed', jid, st} end
-redis.call('HDEL', jk, 'err', 'res', 'fa', 'sa', 'ep', 'lr', 'cx', 'ow')
+redis.call('HDEL', jk, 'err', 'res', 'fa', 'sa', 'ep', 'lr', 'cx', 'ow', 'o', 'tr')
 redis.call('HSET', jk, 'st', 'queued', 'at', 0, 'rp', now)
 redis.call('PERSIST', jk)
 redis.call('DEL', out_key(jid))
