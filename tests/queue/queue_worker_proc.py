@@ -55,7 +55,8 @@ async def main() -> None:
 async def serve_cell(url: str, args: argparse.Namespace, config: Config, stop: asyncio.Event) -> None:
     """One Consumer on the Redis at `url`, until `stop` is set."""
     redis = aioredis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2)
-    queue = Queue(RedisClient.from_url(f"{url}?socket_timeout=5&socket_connect_timeout=2"), config)
+    timeouts = "socket_timeout=5&socket_connect_timeout=2"  # after the URL's own options (TLS files)
+    queue = Queue(RedisClient.from_url(f"{url}{'&' if '?' in url else '?'}{timeouts}"), config)
 
     async def handler(ctx: JobContext) -> dict[str, Any]:
         key = f"t:log:{ctx.lease.session}"

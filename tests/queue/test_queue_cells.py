@@ -23,9 +23,9 @@ from test_queue_chaos import kill_and_replace, nothing_lost_order_kept, wait_dra
 
 from common.actor_names import HASH_HEX, actor_name
 from common.config import Config
-from common.embedded_redis import start_embedded_redis
 from common.queue import Queue, session_name
 from common.redis.client import RedisClient
+from tests.redis_servers import start_redis
 
 CELLS = 2
 ENV = "env"
@@ -58,8 +58,8 @@ class Cell:
 
 @pytest.fixture
 def second_redis_url(tmp_path: Path) -> Iterator[str]:
-    """Another real Redis: cell 1 (cell 0 is the shared one)."""
-    server = start_embedded_redis(tmp_path / "cell1")
+    """Another real Redis of the kind the run tests against: cell 1 (cell 0 is the shared one)."""
+    server = start_redis(tmp_path / "cell1")
     yield server.url
     server.stop()
 
