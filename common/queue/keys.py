@@ -221,8 +221,8 @@ class Keys:
         return f"{self.prefix}stats:drifts:{{{session}}}"
 
     def lua_prelude(self) -> str:
-        """Lua: the pub/sub channels, and a builder per kind of per-subject key (`job_key(jid)`,
-        `sess_key(session)`, ...; `common.redis.scripts.KINDS` names the same kinds).
+        """Lua: the pub/sub channels, and a builder for each kind of key some script computes
+        (`job_key(jid)`, `sess_key(session)`, ...; named like `common.redis.scripts.KINDS`).
 
         A script gets the keys its caller names as declared KEYS; the builders are for the keys it
         can only compute from data it reads (a job id from a FIFO, a worker from `idle`), which
