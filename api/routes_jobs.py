@@ -21,6 +21,7 @@ from api.problems import (
     BadRequest,
     IdempotencyConflict,
     InvalidToolCall,
+    PayloadTooLarge,
     ToolNotAllowed,
     Unprocessable,
 )
@@ -40,6 +41,9 @@ _SESSION_ID = re.compile(SESSION_ID_PATTERN)
 
 #: SSE keep-alive comment period, below common proxy idle timeouts.
 SSE_HEARTBEAT_MS = 15000
+
+#: Most job ids one POST /v1/jobs:wait may list (each is read, and checked, per request).
+WAIT_IDS_MAX = 1000
 
 
 @router.get("/{job_id}", summary="A job's state and result; `wait` long-polls until it ends")
@@ -171,6 +175,42 @@ async def batch(fleet: FleetDep, principal: PrincipalDep, request: Request,
     body_out = {"jobs": [job_to_json(j) for j in jobs if j is not None]}
     return JSONResponse(body_out, status_code=202)
 
+
+
+@router.post(":wait", summary="Wait until one of the listed jobs ends; answers those ended by then")
+async def wait_jobs(fleet: FleetDep, principal: PrincipalDep, body: dict[str, Any] = Body(...)) -> Any:  # noqa: B008
+    """`{"ids": [...], "timeout_s": N}` → `{"jobs": [...]}`: the listed jobs that are terminal as
+    soon as one is, or [] after `timeout_s` (at most `jobs.long_poll_max_s`). Every id is checked
+    as GET /v1/jobs/{id} checks it: the first one the caller may not see refuses the request."""
+    ids, timeout_s = body.get("ids"), body.get("timeout_s", 0)
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
+        raise _invalid("ids", "must be a non-empty array of job ids")
+    if len(ids) > WAIT_IDS_MAX:
+        raise PayloadTooLarge(f"at most {WAIT_IDS_MAX} ids per wait", field="ids", limit=WAIT_IDS_MAX)
+    if not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool) or timeout_s < 0:
+        raise _invalid("timeout_s", "must be a number of seconds >= 0")
+    jobs = await _visible_jobs(fleet, principal, ids)
+    ended = [job for job in jobs if job.terminal]
+    if not ended and timeout_s > 0:
+        await fleet.streams.check(fleet, principal, "long_poll")
+        with fleet.streams.held(principal.id):
+            ended = await fleet.waiter.wait_any(ids, min(timeout_s, fleet.config.jobs.long_poll_max_s))
+    return {"jobs": [job_to_json(job) for job in ended]}
+
+
+def _invalid(field: str, message: str) -> Unprocessable:
+    return Unprocessable("the request does not validate", errors=[{"field": field, "message": message}])
+
+
+async def _visible_jobs(fleet: Fleet, principal: Principal, ids: list[str]) -> list[JobRecord]:
+    """Each job as `fleet.visible_job` has it; the problem of the first that is not, naming its `index`."""
+    found = await asyncio.gather(*(fleet.visible_job(i, principal) for i in ids), return_exceptions=True)
+    for index, job in enumerate(found):
+        if isinstance(job, BaseException):
+            if isinstance(job, ApiProblem):
+                job.extensions["index"] = index
+            raise job
+    return [job for job in found if isinstance(job, JobRecord)]
 
 
 async def _record(fleet: Fleet, result: EnqueueResult) -> JobRecord | None:

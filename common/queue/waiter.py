@@ -14,6 +14,7 @@ was down. Two ways to wait cover that:
   taken before the first subscription, is the record read.
 - `follow(job_id)` for a job that may already have ended (an idempotent replay), and `wait(job_id)`
   (long-poll) on top of it: the record is read once subscribed, and `wait` reads it again at the end.
+  `wait_any(job_ids)` follows many jobs at once (POST /v1/jobs:wait) and answers those ended.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +51,10 @@ class Outcome:
 #: What a waiting future resolves to: the outcome read off the notification, or None when the
 #: notification did not carry it (too large, or a re-check) and the record must be read.
 _Note = Outcome | None
+
+
+def _terminal(jobs: Sequence[JobRecord | None]) -> list[JobRecord]:
+    return [job for job in jobs if job is not None and job.terminal]
 
 
 def parse_note(message: str) -> tuple[str, _Note]:
@@ -140,6 +146,29 @@ class JobWaiter:
         with self.follow(job_id) as watch:
             await watch.outcome(timeout_s)
         return await self.queue.get_job(job_id)
+
+    async def wait_any(self, job_ids: Sequence[str], timeout_s: float) -> list[JobRecord]:
+        """The listed jobs terminal once at least one is, or [] when none ends within `timeout_s`.
+
+        Every id is watched before the records are read (once subscribed), so a job that ended
+        before the call counts; after the first note, only the jobs noted are read again."""
+        watches = [self.follow(job_id) for job_id in job_ids]
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await self._subscribed.wait()
+                    ended = _terminal(await self._read(job_ids))
+                    if ended:
+                        return ended
+                    await asyncio.wait([w._future for w in watches], return_when=asyncio.FIRST_COMPLETED)
+                    return _terminal(await self._read([w.job_id for w in watches if w._future.done()]))
+            return []
+        finally:
+            for watch in watches:
+                watch.close()
+
+    async def _read(self, job_ids: Sequence[str]) -> list[JobRecord | None]:
+        return await asyncio.gather(*(self.queue.get_job(job_id) for job_id in job_ids))
 
     async def close(self) -> None:
         """Stop listening (awaited) and wake nobody: callers still waiting time out."""
