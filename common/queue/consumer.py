@@ -5,10 +5,11 @@ reader takes sessions waiting in `ready` and announces the slots it has left; wh
 announced, sessions that become ready are handed to it directly, lease and head job included, so
 a job reaches a waiting worker in one step (no read-then-acquire round trip). Each session turn
 runs up to `jobs_per_turn` jobs of that session in FIFO order (complete-and-take-next is one round
-trip), then releases so hot sessions cannot starve others. `LeaseKeeper` renews all held leases
-in one script call; a lost lease stops that session's work here (see leases.py) and nothing more
-is written for it. Redis connection errors
-are retried with backoff, so workers ride out a Redis restart on their own.
+trip), then releases so hot sessions cannot starve others. A turn is a state machine
+(common/queue/turn.py): the Consumer reports what its task does, `LeaseKeeper` renews all held
+leases in one script call and reports what it learns of them (leases.py); a lost lease stops that
+session's work here and nothing more is written for it. Redis connection errors are retried with
+backoff, so workers ride out a Redis restart on their own.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from common.metrics import JOB_RETRIES, JOBS_FINISHED, Children
 from common.queue.context import Handler, JobContext
-from common.queue.leases import BACKOFF_MAX_S, BACKOFF_MIN_S, LeaseKeeper, Turn
+from common.queue.leases import BACKOFF_MAX_S, BACKOFF_MIN_S, LeaseKeeper
 from common.queue.models import (
     PROBLEM_CANCELLED,
     PROBLEM_INVALID_RESULT,
@@ -37,7 +38,7 @@ from common.queue.models import (
 )
 from common.queue.queue import Queue
 from common.queue.scripts import Handoff
-from common.redis.link import RedisLink
+from common.queue.turn import Turn, TurnEvent, TurnState
 
 log = logging.getLogger("atefleet.queue.consumer")
 
@@ -48,12 +49,15 @@ ANNOUNCE_RENEWALS = 3
 
 @dataclass(slots=True)
 class _Outcome:
-    """How a handler ended: a terminal state with result/error, or a retry."""
+    """A handler's terminal outcome: the state with its result or error."""
 
-    state: JobState | None
+    state: JobState
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
-    retry: RetryLater | None = None
+
+
+#: How a handler ended: terminal, to be retried, or refused a fenced write (the lease is gone).
+_Ended = _Outcome | RetryLater | LeaseLost
 
 
 class Consumer:
@@ -83,18 +87,19 @@ class Consumer:
         self._slot_free = asyncio.Event()
         self._stop = asyncio.Event()
         self._done = asyncio.Event()
-        self._hard_stop = False
         self._running = False
-        #: Counters for tests and metrics.
-        self.stats = {"jobs": 0, "turns": 0, "leases_lost": 0, "retries": 0}
-        self._leases = LeaseKeeper(queue, worker_id, self.stats)
-        #: The blocking reads of the inbox have a connection of their own (see Queue.wait_handoffs).
-        self._inbox_link = RedisLink(queue.redis)
+        self._counts = {"jobs": 0, "turns": 0, "retries": 0}
+        self._leases = LeaseKeeper(queue, worker_id)
         #: How long an announcement of free slots lasts unrenewed (the reader renews it every
         #: block_ms). Past it the worker is taken for dead: nothing more is handed to it, and the
         #: reconciler hands on what its inbox holds. A crashed worker attracts sessions this long.
         self.announce_s = ANNOUNCE_RENEWALS * block_ms / 1000
         self._finished = Children(JOBS_FINISHED)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters for tests and metrics: jobs, turns, retries, leases_lost."""
+        return {**self._counts, "leases_lost": self._leases.losses}
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -136,15 +141,13 @@ class Consumer:
             await asyncio.wait_for(asyncio.shield(reader), self.block_ms / 1000 + 1.0)
         await _cancel_and_wait(reader)
         await self._retire(wake=False)
-        await self._inbox_link.aclose()
         if self._turn_tasks:
             await asyncio.wait(set(self._turn_tasks), timeout=self.stop_grace_s)
-        # Past the grace period, cancel running handlers: each turn then releases its lease so
-        # another worker resumes the interrupted job at once. Renewals keep flowing meanwhile.
-        self._hard_stop = True
-        for turn in list(self._leases.turns.values()):
-            if turn.in_handler and turn.task is not None:
-                turn.task.cancel()
+        # Past the grace period, running handlers are cancelled and no job begins: each turn then
+        # releases its lease so another worker resumes the interrupted job at once. Renewals keep
+        # flowing meanwhile. Outcome writes in flight finish (or end with the lease's expiry).
+        for turn in self._leases.held():
+            turn.on(TurnEvent.DEADLINE)
         if self._turn_tasks:
             await asyncio.wait(set(self._turn_tasks), timeout=self.lease_ttl_s)
         for task in list(self._turn_tasks):
@@ -195,7 +198,7 @@ class Consumer:
                 try:
                     handed = await self._retrying(
                         lambda wait=renew_at - now: self.queue.wait_handoffs(  # type: ignore[misc]
-                            self.worker_id, wait, self._inbox_link
+                            self.worker_id, wait
                         ),
                         deadline=None,
                     )
@@ -227,107 +230,109 @@ class Consumer:
     # -- one session turn ------------------------------------------------------------------------
     async def _turn(self, handoff: Handoff) -> None:
         # The lease was taken when the session was handed over, a moment ago at most.
-        expires_at = time.monotonic() + self.lease_ttl_s
-        turn = Turn(handoff.lease, expires_at=expires_at, task=asyncio.current_task())
+        task = cast("asyncio.Task[None]", asyncio.current_task())
+        turn = Turn(handoff.lease, task, expires_at=time.monotonic() + self.lease_ttl_s)
         self._leases.hold(turn)
-        self.stats["turns"] += 1
+        self._counts["turns"] += 1
         try:
             await self._drain(turn, handoff.job)
         except asyncio.CancelledError:
-            if not turn.lost:
-                await asyncio.shield(self._release_quietly(turn))
+            turn.on(TurnEvent.CANCELLED)
             raise
         finally:
+            if turn.state is TurnState.STOPPING:
+                await asyncio.shield(self._release_quietly(turn))
             self._leases.drop(turn)
 
     async def _drain(self, turn: Turn, job: JobRecord | None) -> None:
         budget = self.jobs_per_turn
         while job is not None:
+            ctx = JobContext(self.queue, turn.lease, job)
+            if not turn.begin(ctx):
+                return  # stopping, or lost while the last outcome was written
+            ended = await self._execute(ctx)
+            if not turn.on(TurnEvent.HANDLED):
+                return  # lost (or stopping) while the handler ran: its outcome is not recorded
             budget -= 1
-            outcome = await self._execute(turn, job)
-            if turn.lost:
-                return
-            take_next = budget > 0 and not self._stop.is_set()
-            turn.finishing = True
-            job = await self._finish(turn, job, outcome, take_next)
-            turn.finishing = False
+            job = await self._finish(turn, ctx, ended, take_next=budget > 0 and not self._stop.is_set())
 
-    async def _execute(self, turn: Turn, job: JobRecord) -> _Outcome:
-        ctx = JobContext(self.queue, turn.lease, job)
-        turn.ctx = ctx
-        turn.in_handler = True
+    async def _execute(self, ctx: JobContext) -> _Ended:
+        # A cancellation (the turn's lease lost, or the stop's deadline) is not caught here: it
+        # ends the turn, which does what its state says (turn.py).
         try:
             return _Outcome(JobState.SUCCEEDED, result=await self.handler(ctx))
-        except RetryLater as err:
-            return _Outcome(None, retry=err)
+        except (RetryLater, LeaseLost) as err:
+            return err
         except JobFailed as err:
             return _Outcome(JobState.FAILED, error=err.problem)
         except JobCancelled as err:
             problem = {"type": PROBLEM_CANCELLED, "title": "Job cancelled", "status": 409,
                        "detail": err.detail}
             return _Outcome(JobState.CANCELLED, error=problem)
-        except LeaseLost:
-            turn.in_handler = False
-            self._leases.lose(turn, "a fenced write was refused")
-            return _Outcome(None)
-        except asyncio.CancelledError:
-            if turn.lost and not self._hard_stop and turn.task is not None:
-                turn.task.uncancel()  # we cancelled the handler because the lease was lost
-                return _Outcome(None)
-            raise
         except Exception as err:  # an unexpected handler error is retried, then DLQ
+            job = ctx.job
             log.exception("handler error on job %s of %s; retrying later", job.id, job.session)
-            return _Outcome(None, retry=RetryLater(f"handler error: {type(err).__name__}: {err}"))
-        finally:
-            turn.in_handler = False
+            return RetryLater(f"handler error: {type(err).__name__}: {err}")
 
     async def _finish(
-        self, turn: Turn, job: JobRecord, outcome: _Outcome, take_next: bool
+        self, turn: Turn, ctx: JobContext, ended: _Ended, take_next: bool
     ) -> JobRecord | None:
-        """Record the outcome (fenced); the next job of this turn, or None when it ended."""
-        # Output still held goes with the terminal transition; a retried or lost job drops it
-        # (the next run's output replaces it).
-        ctx = turn.ctx
-        output = await ctx.output.close() if ctx is not None else ""
-        output_cut = ctx is not None and ctx.output.truncated
+        """Record how the job ended (fenced); the next job of this turn, or None when it ended."""
+        job = ctx.job
+        if isinstance(ended, LeaseLost):
+            self._leases.lose(turn, f"a fenced write of job {job.id} was refused: {ended}")
+            return None
+        # Output still held goes with the terminal transition; a retried job drops it (the next
+        # run's output replaces it).
+        output = await ctx.output.close()
         try:
-            retry, state = outcome.retry, outcome.state
-            if retry is not None:
-                self.stats["retries"] += 1
-                JOB_RETRIES.labels(reason=retry.reason.split(":", 1)[0][:40]).inc()
-                await self._retrying(
-                    lambda: self.queue.retry_later(
-                        turn.lease, job.id, retry.reason, job.attempts, retry.delay_s
-                    ),
-                    turn.expires_at,
-                )
-                return None
-            if state is None:
-                return None
-            try:
-                nxt = await self._retrying(
-                    lambda: self.queue.complete(
-                        turn.lease, job.id, state, result=outcome.result, error=outcome.error,
-                        take_next=take_next, output=output, output_truncated=output_cut,
-                    ),
-                    turn.expires_at,
-                )
-            except (TypeError, ValueError) as err:  # not JSON: fail the job rather than loop on it
-                log.error("job %s of %s: outcome is not JSON (%s)", job.id, job.session, err)
-                problem = {"type": PROBLEM_INVALID_RESULT, "title": "Invalid job result", "status": 500,
-                           "detail": f"the handler's outcome could not be stored: {err}"}
-                nxt = await self._retrying(
-                    lambda: self.queue.complete(
-                        turn.lease, job.id, JobState.FAILED, error=problem, take_next=take_next
-                    ),
-                    turn.expires_at,
-                )
-            self.stats["jobs"] += 1
-            self._finished(job.kind, state).inc()
-            return nxt
+            if isinstance(ended, RetryLater):
+                await self._retry(turn, job, ended)
+                nxt = None
+            else:
+                nxt = await self._complete(turn, job, ended, take_next, output, ctx.output.truncated)
         except LeaseLost as err:
             self._leases.lose(turn, f"could not record the outcome of job {job.id}: {err}")
             return None
+        if nxt is None:
+            turn.on(TurnEvent.RELEASED)
+        return nxt
+
+    async def _retry(self, turn: Turn, job: JobRecord, retry: RetryLater) -> None:
+        self._counts["retries"] += 1
+        JOB_RETRIES.labels(reason=retry.reason.split(":", 1)[0][:40]).inc()
+        await self._retrying(
+            lambda: self.queue.retry_later(turn.lease, job.id, retry.reason, job.attempts, retry.delay_s),
+            turn.expires_at,
+        )
+
+    async def _complete(
+        self, turn: Turn, job: JobRecord, outcome: _Outcome, take_next: bool, output: str,
+        output_cut: bool,
+    ) -> JobRecord | None:
+        state = outcome.state
+        try:
+            nxt = await self._retrying(
+                lambda: self.queue.complete(
+                    turn.lease, job.id, state, result=outcome.result, error=outcome.error,
+                    take_next=take_next, output=output, output_truncated=output_cut,
+                ),
+                turn.expires_at,
+            )
+        except (TypeError, ValueError) as err:  # not JSON: fail the job rather than loop on it
+            log.error("job %s of %s: outcome is not JSON (%s)", job.id, job.session, err)
+            problem = {"type": PROBLEM_INVALID_RESULT, "title": "Invalid job result", "status": 500,
+                       "detail": f"the handler's outcome could not be stored: {err}"}
+            state = JobState.FAILED
+            nxt = await self._retrying(
+                lambda: self.queue.complete(
+                    turn.lease, job.id, state, error=problem, take_next=take_next
+                ),
+                turn.expires_at,
+            )
+        self._counts["jobs"] += 1
+        self._finished(job.kind, state).inc()
+        return nxt
 
     async def _release_quietly(self, turn: Turn) -> None:
         with contextlib.suppress(*TRANSIENT):

@@ -24,7 +24,7 @@ class JobContext:
         self.lease = lease
         self.job = job
         self.cancelled = asyncio.Event()
-        self.lease_lost = False
+        self._lease_lost = False
         #: Held, folded or streamed, and capped (see common/queue/output.py); the Consumer hands
         #: what is still held to `complete`.
         self.output = JobOutput(queue, lease, job.id, queue.output_limits)
@@ -36,9 +36,22 @@ class JobContext:
         return self.lease.epoch
 
     @property
+    def lease_lost(self) -> bool:
+        return self._lease_lost
+
+    @property
     def cancel_requested(self) -> bool:
         """A client asked to cancel (as opposed to the lease being lost)."""
-        return self.cancelled.is_set() and not self.lease_lost
+        return self.cancelled.is_set() and not self._lease_lost
+
+    def request_cancel(self) -> None:
+        """A client asked to cancel the job (the LeaseKeeper relays it)."""
+        self.cancelled.set()
+
+    def lease_gone(self) -> None:
+        """The turn lost its lease: the handler is told through `cancelled` too."""
+        self._lease_lost = True
+        self.cancelled.set()
 
     async def append_output(self, stream: str, data: str) -> None:
         """Add a chunk (`stdout`/`stderr`) to the job's output (readers see it within

@@ -32,7 +32,6 @@ from common.queue.models import (
 from common.queue.output import OutputLimits, fit_result
 from common.queue.scripts import EVENTS_MAXLEN, Handoff, Lease, QueueScripts, ScriptLimits, compact_json
 from common.redis.client import RedisClient
-from common.redis.link import RedisLink
 
 #: Lifetime of an output stream that holds only the end marker (the job wrote no output but a
 #: reader was blocked on it): long enough to wake that reader; later ones see the terminal record.
@@ -260,17 +259,14 @@ class Queue:
             worker_id, slots, now_ms(), int(announce_s * 1000), slots if free is None else free
         )
 
-    async def wait_handoffs(
-        self, worker_id: str, block_s: float, link: RedisLink | None = None
-    ) -> list[Handoff]:
+    async def wait_handoffs(self, worker_id: str, block_s: float) -> list[Handoff]:
         """Sessions handed to this worker; blocks up to block_s for the first, [] on timeout.
 
-        The BLPOP goes over a connection of its own (the client's, or `link`: the consumer's until
-        it moves to the client), never over the pipelined one it would hold up. An empty entry
-        (a wake-up from `retire`) gives [].
+        The BLPOP goes over one of the client's blocking connections, never over the pipelined
+        one it would hold up. An empty entry (a wake-up from `retire`) gives [].
         """
         key, block_s = self.keys.inbox(worker_id), max(block_s, 0.001)
-        got = await (link.execute("BLPOP", key, block_s) if link else self.redis.blpop([key], block_s))
+        got = await self.redis.blpop([key], block_s)
         if not got or not got[1]:
             return []
         return [Handoff.decode(worker_id, got[1])]

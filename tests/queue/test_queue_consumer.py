@@ -155,9 +155,10 @@ async def test_cancel_running_job_reaches_the_handler(queue: Queue, start_consum
     start_consumer(handler)
     await asyncio.wait_for(started.wait(), 5)
     rec = await queue.cancel(ids[0])
-    # read back after the cancel: the handler may already have honoured it
-    assert rec is not None and rec.cancel_requested
-    assert rec.state in (JobState.RUNNING, JobState.CANCELLED)
+    # read back after the cancel: the handler may already have honoured it (a finished job's
+    # compact record keeps no cancel flag)
+    assert rec is not None
+    assert (rec.state, rec.cancel_requested) in ((JobState.RUNNING, True), (JobState.CANCELLED, False))
     await wait_for(lambda: all_terminal(queue, ids), 10, "both jobs terminal")
     done = await queue.get_job(ids[0])
     assert done is not None and done.state == JobState.CANCELLED
