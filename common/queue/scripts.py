@@ -28,7 +28,7 @@ from common.queue.models import (
     RedisFull,
     SessionNotOwned,
 )
-from common.redis.errors import ResponseError
+from common.redis.errors import OutOfMemoryError, ResponseError
 from common.redis.link import RedisArg
 from common.redis.scripts import ScriptRunner, Send, load_script
 
@@ -146,7 +146,8 @@ class QueueScripts:
         try:
             return await self._runner.call(self._s[name], of, each, args)
         except ResponseError as err:
-            if OOM_REPLY in str(err):
+            # OutOfMemoryError: the link's reply on 6.2 and 7 (7's text lacks the code); text: redis-py on 6.2
+            if isinstance(err, OutOfMemoryError) or OOM_REPLY in str(err):
                 raise RedisFull(str(err)) from err
             raise
 
