@@ -28,17 +28,12 @@ import collections
 import math
 import socket
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import hiredis
-from redis.asyncio import Redis
-from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection
 
 from common.redis.errors import ResponseError, connection_failed, reply_error, timed_out
-from common.redis.settings import DEFAULT_CONNECT_TIMEOUT_S, RedisSettings, TlsSettings
-
-if TYPE_CHECKING:
-    from common.redis.client import RedisClient
+from common.redis.settings import RedisSettings
 
 
 class Encoded:
@@ -225,9 +220,7 @@ class _Protocol(asyncio.Protocol):
 class RedisLink:
     """Commands over one shared, pipelined connection (see the module docstring)."""
 
-    def __init__(self, settings: RedisSettings | Redis | RedisClient) -> None:
-        if not isinstance(settings, RedisSettings):
-            settings = _settings_of(settings)
+    def __init__(self, settings: RedisSettings) -> None:
         self.settings = settings
         #: Built once: every connection of this link checks the server the same way.
         self._ssl = settings.tls.context() if settings.tls is not None else None
@@ -318,25 +311,3 @@ class RedisLink:
             raise
         return protocol
 
-
-def _settings_of(redis: Redis | RedisClient) -> RedisSettings:
-    """TRANSITIONAL (issue 18): the settings of a client, for the consumer and lease code that
-    still builds links of its own from one (from a redis-py client: tests, cells); removed once
-    they use the RedisClient's own blocking and pub/sub connections."""
-    if not isinstance(redis, Redis):
-        return redis.settings
-    pool = redis.connection_pool
-    kw = pool.connection_kwargs
-    tls = None
-    if issubclass(pool.connection_class, SSLConnection):
-        tls = TlsSettings(ca_file=kw.get("ssl_ca_certs"), ca_data=kw.get("ssl_ca_data"),
-                          cert_file=kw.get("ssl_certfile"), key_file=kw.get("ssl_keyfile"),
-                          cert_reqs=kw.get("ssl_cert_reqs") or "required",
-                          check_hostname=kw.get("ssl_check_hostname", True))
-    unix = issubclass(pool.connection_class, UnixDomainSocketConnection)
-    return RedisSettings(
-        host=kw.get("host", "localhost"), port=kw.get("port", 6379), unix_path=kw["path"] if unix else None,
-        username=kw.get("username"), password=kw.get("password"), db=int(kw.get("db") or 0), tls=tls,
-        connect_timeout_s=kw.get("socket_connect_timeout") or DEFAULT_CONNECT_TIMEOUT_S,
-        timeout_s=kw.get("socket_timeout"), health_check_interval_s=kw.get("health_check_interval") or 0.0,
-    )
