@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from api import ownership, quotas
 from api.auth import Principal
 from api.fleet import Fleet, FleetDep, PrincipalDep
-from api.ownership import check_access, check_callback_secret, tenancy_of
+from api.ownership import check_access, check_callback_secret, may_see_job, tenancy_of
 from api.policy import check_call
 from api.problems import (
     ApiProblem,
@@ -189,12 +189,14 @@ async def wait_jobs(fleet: FleetDep, principal: PrincipalDep, body: dict[str, An
         raise PayloadTooLarge(f"at most {WAIT_IDS_MAX} ids per wait", field="ids", limit=WAIT_IDS_MAX)
     if not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool) or timeout_s < 0:
         raise _invalid("timeout_s", "must be a number of seconds >= 0")
-    jobs = await _visible_jobs(fleet, principal, ids)
-    ended = [job for job in jobs if job.terminal]
-    if not ended and timeout_s > 0:
-        await fleet.streams.check(fleet, principal, "long_poll")
-        with fleet.streams.held(principal.id):
-            ended = await fleet.waiter.wait_any(ids, min(timeout_s, fleet.config.jobs.long_poll_max_s))
+    if timeout_s == 0:
+        jobs = await _read_jobs(fleet, ids)
+        await _check_visible(fleet, principal, ids, jobs)
+        return {"jobs": [job_to_json(job) for job in jobs if job is not None and job.terminal]}
+    await fleet.streams.check(fleet, principal, "long_poll")
+    with fleet.streams.held(principal.id):
+        ended = await fleet.waiter.wait_any(ids, min(timeout_s, fleet.config.jobs.long_poll_max_s),
+                                            admit=lambda jobs: _check_visible(fleet, principal, ids, jobs))
     return {"jobs": [job_to_json(job) for job in ended]}
 
 
@@ -202,15 +204,21 @@ def _invalid(field: str, message: str) -> Unprocessable:
     return Unprocessable("the request does not validate", errors=[{"field": field, "message": message}])
 
 
-async def _visible_jobs(fleet: Fleet, principal: Principal, ids: list[str]) -> list[JobRecord]:
-    """Each job as `fleet.visible_job` has it; the problem of the first that is not, naming its `index`."""
-    found = await asyncio.gather(*(fleet.visible_job(i, principal) for i in ids), return_exceptions=True)
-    for index, job in enumerate(found):
-        if isinstance(job, BaseException):
-            if isinstance(job, ApiProblem):
-                job.extensions["index"] = index
-            raise job
-    return [job for job in found if isinstance(job, JobRecord)]
+async def _read_jobs(fleet: Fleet, ids: list[str]) -> list[JobRecord | None]:
+    return await asyncio.gather(*(fleet.queue.get_job(job_id) for job_id in ids))
+
+
+async def _check_visible(fleet: Fleet, principal: Principal, ids: list[str],
+                         jobs: list[JobRecord | None]) -> None:
+    """Raise what GET /v1/jobs/{id} answers for the first job read that the caller may not see
+    (naming its `index`); only such a job is looked up again, by `fleet.visible_job`."""
+    for index, (job_id, job) in enumerate(zip(ids, jobs, strict=True)):
+        if job is None or not may_see_job(principal, job):
+            try:
+                await fleet.visible_job(job_id, principal)
+            except ApiProblem as problem:
+                problem.extensions["index"] = index
+                raise
 
 
 async def _record(fleet: Fleet, result: EnqueueResult) -> JobRecord | None:

@@ -54,11 +54,13 @@ class Op(Generic[T]):
 
     request: Request
     decode: Callable[[Any], T]
+    #: A POST that changes nothing (a multi-job wait), so it may be sent again like a GET.
+    safe: bool = False
 
     @property
     def retryable_on_lost_connection(self) -> bool:
-        """GETs, and POSTs carrying an Idempotency-Key, may be sent again after a lost answer."""
-        return self.request.method == "GET" or "idempotency-key" in self.request.headers
+        """GETs, safe POSTs, and POSTs carrying an Idempotency-Key may be sent again after a lost answer."""
+        return self.safe or self.request.method == "GET" or "idempotency-key" in self.request.headers
 
 
 def retry_delay_s(settings: Settings, attempt: int, response: Response | None) -> float | None:
@@ -205,6 +207,12 @@ def tools_op(env: str, fmt: str) -> Op[list[dict[str, Any]]]:
 def job_op(job_id: str, wait_s: float = 0) -> Op[Job]:
     params = {"wait": wait_s} if wait_s else None
     return Op(Request("GET", f"/v1/jobs/{quote(job_id, safe='')}", params=params), Job.model_validate)
+
+
+def wait_jobs_op(job_ids: list[str], timeout_s: float) -> Op[list[Job]]:
+    """The listed jobs ended, answered as soon as one is; [] after `timeout_s`."""
+    return Op(Request("POST", "/v1/jobs:wait", body=_json({"ids": job_ids, "timeout_s": timeout_s})),
+              lambda body: [Job.model_validate(j) for j in body["jobs"]], safe=True)
 
 
 def cancel_op(job_id: str) -> Op[Job]:

@@ -28,6 +28,7 @@ from atefleet.client._api import (
     job_outcome,
     raise_problem,
     retry_delay_s,
+    wait_jobs_op,
 )
 from atefleet.client._wire import Request, Response
 from atefleet.client.errors import TRANSPORT_FAILURES, JobNotFinished, transport_error
@@ -38,6 +39,10 @@ T = TypeVar("T")
 
 #: Longest wait for an event stream's next chunk (the API sends a keep-alive every 15 s).
 STREAM_IDLE_TIMEOUT_S = 60.0
+
+#: Job ids `as_completed` lists in one POST /v1/jobs:wait (the API takes up to 1,000): a run of
+#: jobs expected to end together; few, because the API reads every listed job per wait.
+WAIT_CHUNK_IDS = 25
 
 
 @dataclass(slots=True)
@@ -156,6 +161,15 @@ class Plans:
     def cancel(self, job: Job | str) -> Plan[Job]:
         return self.call(cancel_op(job_id_of(job)))
 
+    def completions(self, jobs: Iterable[Job | str]) -> list[Feed[Job]]:
+        """`as_completed`'s waits: the jobs in the order they are expected to end, cut into runs of
+        WAIT_CHUNK_IDS neighbours, one feed per run, to be followed in that order. Neighbours end
+        at about the same time, so one wait answers several of them; a run is followed only
+        once those before it free a slot, so each wait lists few ids (the API reads every listed
+        job per wait) and is not woken by jobs far off."""
+        ids = [job_id_of(job) for job in expected_order(jobs)]
+        return [Completions(self, ids[i:i + WAIT_CHUNK_IDS]) for i in range(0, len(ids), WAIT_CHUNK_IDS)]
+
     def pages(self, page: Callable[[str], Op[Page[T]]]) -> Feed[T]:
         return Pages(self, page)
 
@@ -175,6 +189,23 @@ class Pages(Feed[T]):
             return None
         items, self._cursor = yield from self._plans.call(self._page(self._cursor))
         return items
+
+
+class Completions(Feed[Job]):
+    """Jobs as they end: each `next()` is one POST /v1/jobs:wait for those not yet seen ended."""
+
+    def __init__(self, plans: Plans, job_ids: list[str]) -> None:
+        self._plans = plans
+        self._pending = dict.fromkeys(job_ids)  # ordered: the expected order is kept
+
+    def next(self) -> Plan[list[Job] | None]:
+        if not self._pending:
+            return None
+        ended = yield from self._plans.call(wait_jobs_op(list(self._pending), LONG_POLL_S),
+                                            timeout_s=LONG_POLL_S + 30)
+        for job in ended:
+            self._pending.pop(job.id, None)
+        return ended
 
 
 class JobEvents(Feed[OutputChunk | Job]):

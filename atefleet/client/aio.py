@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from atefleet.client import _api, _plans
 from atefleet.client._aio_http import AsyncTransport
 from atefleet.client._core import ClientCore, SessionCore
-from atefleet.client._plans import STREAM_IDLE_TIMEOUT_S, Feed, Plan, Step, expected_order
+from atefleet.client._plans import STREAM_IDLE_TIMEOUT_S, Feed, Plan, Step
 from atefleet.client.errors import TRANSPORT_FAILURES
 from atefleet.client.models import Environment, Job, OutputChunk, SessionInfo, ToolResult
 
@@ -126,32 +125,40 @@ class AsyncClient(ClientCore[AsyncTransport]):
     async def batch(self, calls: Iterable[Mapping[str, Any]]) -> list[Job]:
         return await self._run(self._plans.call(_api.batch_op(calls)))
 
-    async def as_completed(self, jobs: Iterable[Job | str], *, parallel: int = 64) -> AsyncIterator[Job]:
-        """Each job once it ends, in the order they end: `parallel` pollers long-poll the jobs in
-        the order they are expected to end (`_plans.expected_order`). A job whose wait fails
-        raises here, in its turn; leaving early stops the pollers."""
-        pending = deque(expected_order(jobs))
-        count = len(pending)
-        ended: asyncio.Queue[Job | Exception] = asyncio.Queue()
+    async def as_completed(self, jobs: Iterable[Job | str], *, parallel: int = 8) -> AsyncIterator[Job]:
+        """Each job once it ends, in the order they end: up to `parallel` multi-job waits in flight,
+        each over a run of the jobs expected to end together, the runs followed in the order they
+        are expected to end (`_plans.Plans.completions`). A wait that fails raises here; leaving
+        early stops the waits."""
+        feeds = self._plans.completions(jobs)
+        ended: asyncio.Queue[list[Job] | Exception | None] = asyncio.Queue()  # None: a feed's end
+        slots = asyncio.Semaphore(parallel)
 
-        async def poll() -> None:
-            while pending:
+        async def follow(feed: Feed[Job]) -> None:
+            async with slots:
                 try:
-                    ended.put_nowait(await self.wait(pending.popleft()))
+                    while (items := await self._run(feed.next())) is not None:
+                        ended.put_nowait(items)
                 except Exception as err:  # the caller's to see, not this task's
                     ended.put_nowait(err)
+                ended.put_nowait(None)
 
-        pollers = [asyncio.create_task(poll()) for _ in range(min(parallel, count))]
+        waits = [asyncio.create_task(follow(feed)) for feed in feeds]
         try:
-            for _ in range(count):
-                outcome = await ended.get()
-                if isinstance(outcome, Exception):
-                    raise outcome
-                yield outcome
+            running = len(waits)
+            while running:
+                items = await ended.get()
+                if isinstance(items, Exception):
+                    raise items
+                if items is None:
+                    running -= 1
+                    continue
+                for job in items:
+                    yield job
         finally:
-            for task in pollers:
+            for task in waits:
                 task.cancel()
-            await asyncio.gather(*pollers, return_exceptions=True)
+            await asyncio.gather(*waits, return_exceptions=True)
 
     def stream(self, job: Job | str) -> AsyncIterator[OutputChunk | Job]:
         """The job's output chunks as they come, then the finished job; a dropped stream is

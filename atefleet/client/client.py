@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import concurrent.futures
+import queue
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from atefleet.client import _api, _plans
 from atefleet.client._core import ClientCore, SessionCore
-from atefleet.client._plans import STREAM_IDLE_TIMEOUT_S, Feed, Plan, Step, expected_order
+from atefleet.client._plans import STREAM_IDLE_TIMEOUT_S, Feed, Plan, Step
 from atefleet.client._sync_http import SyncTransport
 from atefleet.client.errors import TRANSPORT_FAILURES
 from atefleet.client.models import Environment, Job, OutputChunk, SessionInfo, ToolResult
@@ -134,13 +136,39 @@ class Client(ClientCore[SyncTransport]):
         """Submit many calls at once (each with `environment` and `session`); per-session order kept."""
         return self._run(self._plans.call(_api.batch_op(calls)))
 
-    def as_completed(self, jobs: Iterable[Job | str], *, parallel: int = 32) -> Iterator[Job]:
-        """Each job once it ends, in the order they end (`parallel` long-polls at a time, the jobs
-        taken in the order they are expected to end: `_plans.expected_order`)."""
-        with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-            futures = [pool.submit(self.wait, job) for job in expected_order(jobs)]
-            for future in concurrent.futures.as_completed(futures):
-                yield future.result()
+    def as_completed(self, jobs: Iterable[Job | str], *, parallel: int = 8) -> Iterator[Job]:
+        """Each job once it ends, in the order they end: up to `parallel` multi-job waits in flight
+        (a thread each), each over a run of the jobs expected to end together, the runs followed in
+        the order they are expected to end (`_plans.Plans.completions`). A wait that fails raises
+        here; leaving early stops the waits after their current request."""
+        feeds = self._plans.completions(jobs)
+        ended: queue.SimpleQueue[list[Job] | Exception | None] = queue.SimpleQueue()  # None: a feed's end
+        stop = threading.Event()
+
+        def follow(feed: Feed[Job]) -> None:
+            try:
+                while not stop.is_set() and (items := self._run(feed.next())) is not None:
+                    ended.put(items)
+            except Exception as err:  # the caller's to see, not this thread's
+                ended.put(err)
+            ended.put(None)
+
+        pool = concurrent.futures.ThreadPoolExecutor(max(1, min(parallel, len(feeds))))
+        try:
+            for feed in feeds:
+                pool.submit(follow, feed)
+            running = len(feeds)
+            while running:
+                items = ended.get()
+                if isinstance(items, Exception):
+                    raise items
+                if items is None:
+                    running -= 1
+                    continue
+                yield from items
+        finally:
+            stop.set()
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def stream(self, job: Job | str) -> Iterator[OutputChunk | Job]:
         """The job's output chunks as they come, then the finished job. A dropped stream is

@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,18 +147,21 @@ class JobWaiter:
             await watch.outcome(timeout_s)
         return await self.queue.get_job(job_id)
 
-    async def wait_any(self, job_ids: Sequence[str], timeout_s: float) -> list[JobRecord]:
+    async def wait_any(self, job_ids: Sequence[str], timeout_s: float,
+                       admit: Callable[[list[JobRecord | None]], Awaitable[None]]) -> list[JobRecord]:
         """The listed jobs terminal once at least one is, or [] when none ends within `timeout_s`.
 
         Every id is watched before the records are read (once subscribed), so a job that ended
-        before the call counts; after the first note, only the jobs noted are read again."""
+        before the call counts; `admit` sees that one read first (the caller's checks, which may
+        raise). After the first note, only the jobs noted are read again."""
         watches = [self.follow(job_id) for job_id in job_ids]
         try:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout_s):
                     await self._subscribed.wait()
-                    ended = _terminal(await self._read(job_ids))
-                    if ended:
+                    jobs = await self._read(job_ids)
+                    await admit(jobs)
+                    if ended := _terminal(jobs):
                         return ended
                     await asyncio.wait([w._future for w in watches], return_when=asyncio.FIRST_COMPLETED)
                     return _terminal(await self._read([w.job_id for w in watches if w._future.done()]))

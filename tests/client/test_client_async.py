@@ -65,3 +65,24 @@ async def test_as_completed_fans_out_over_many_sessions(fleet: RunningFleet) -> 
         assert len(done) == 5 and all(j.done for j in done)
         for s in sessions:
             await s.destroy()
+
+
+async def test_as_completed_over_many_jobs_across_sessions(fleet: RunningFleet) -> None:
+    # given: 20 sessions with 10 jobs each, submitted session by session, and 3 waits in flight
+    async with AsyncClient(fleet.url) as client:
+        sessions = [client.session("my-env", f"many-{i}-{uuid.uuid4().hex[:6]}", auto_resume=True)
+                    for i in range(20)]
+        jobs = [await s.submit("bash", {"command": f"echo {k}"}) for s in sessions for k in range(10)]
+        # when
+        done = [j async for j in client.as_completed(jobs, parallel=3)]
+        # then: each job once, ended
+        assert sorted(j.id for j in done) == sorted(j.id for j in jobs)
+        assert all(j.state == "succeeded" for j in done)
+        # and leaving early stops the waits (the slow job's wait must not hold the client)
+        slow = await sessions[0].submit("bash", {"command": "sleep 60"})
+        quick = await sessions[1].submit("bash", {"command": "echo quick"})
+        async for job in client.as_completed([slow, quick], parallel=2):
+            assert job.id == quick.id
+            break
+        await client.cancel(slow)
+        await asyncio.gather(*(s.destroy() for s in sessions))

@@ -153,3 +153,17 @@ def test_capacity_audit_and_get(client: Client, session: Session) -> None:
     assert client.get("/healthz")["status"] == "ok"
     records = list(client.audit(session=session.sid, page_size=2))
     assert all(r.get("session") in (None, session.sid) for r in records)
+
+
+def test_as_completed_over_many_jobs_across_sessions(client: Client) -> None:
+    # given: 10 sessions with 10 jobs each, in one batch (session by session)
+    sids = [f"many-{i}-{uuid.uuid4().hex[:6]}" for i in range(10)]
+    jobs = client.batch([{"environment": "my-env", "session": sid, "auto_resume": True,
+                          **tool_item("bash", {"command": f"echo {k}"})} for sid in sids for k in range(10)])
+    # when: 4 waits in flight
+    done = list(client.as_completed(jobs, parallel=4))
+    # then: each job once, ended
+    assert sorted(j.id for j in done) == sorted(j.id for j in jobs)
+    assert all(j.state == "succeeded" for j in done)
+    for sid in sids:
+        client.session("my-env", sid).destroy()
