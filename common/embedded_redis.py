@@ -71,15 +71,7 @@ class EmbeddedRedis:
         return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """SIGTERM (redis flushes the AOF and exits), then SIGKILL after the timeout."""
-        if self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_server(self.process, timeout_s)
 
     def kill(self) -> None:
         """SIGKILL: for tests of crash recovery (the AOF keeps acknowledged writes)."""
@@ -173,3 +165,15 @@ def _wait_ready(server: EmbeddedRedis) -> None:
         time.sleep(0.02)
     server.kill()
     raise RuntimeError(f"embedded redis-server did not become ready in {START_TIMEOUT_S} s")
+
+
+def stop_server(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    """SIGTERM (redis flushes the AOF and exits), then SIGKILL after the timeout."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -32,7 +31,7 @@ import pytest
 import redis
 
 from common.config import RedisConfig
-from common.embedded_redis import COMPACT_HASH_VALUE_BYTES, maxmemory_bytes, start_embedded_redis
+from common.embedded_redis import COMPACT_HASH_VALUE_BYTES, maxmemory_bytes, start_embedded_redis, stop_server
 from tests.tls_ca import TLSFiles, make_tls_files
 
 #: Picks the server: one of KINDS.
@@ -100,14 +99,7 @@ class SystemRedis:
         return f"rediss://:{self.password}@127.0.0.1:{self.port}/0?{urlencode(files)}"
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        if self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_server(self.process, timeout_s)
 
 
 def start_redis(data_dir: Path, kind: str | None = None) -> RedisUnderTest:
