@@ -10,11 +10,12 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import pytest
@@ -219,3 +220,25 @@ def auth_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningFlee
     )
     yield running
     running.stop()
+
+
+class ClientThreads:
+    """Client threads, one per argument, each running `_run(arg)` until `stop` is set; as a
+    context manager: started on entry, stopped and joined on exit."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run, args=(arg,)) for arg in args]
+
+    def _run(self, arg: str) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join()

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from test_e2e_async import ASYNC, bash, resume
 
-from tests.e2e.conftest import RunningFleet, base_config, free_port, start_fleet
+from tests.e2e.conftest import ClientThreads, RunningFleet, base_config, free_port, start_fleet
 
 #: Client threads, each on its own session, alternating a sync call and an async one with a callback.
 SESSIONS = 6
@@ -61,15 +61,14 @@ def receiver() -> Iterator[SlowReceiver]:
     receiver.server.shutdown()
 
 
-class Load:
+class Load(ClientThreads):
     """Client threads calling until told to stop or until the fleet stops answering."""
 
     def __init__(self, fleet: RunningFleet, callback_url: str) -> None:
         self.fleet, self.callback_url = fleet, callback_url
         self.answers = 0
         self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._run, args=(f"quiet-{i}",)) for i in range(SESSIONS)]
+        super().__init__([f"quiet-{i}" for i in range(SESSIONS)])
 
     def _run(self, sid: str) -> None:
         hook = {"callback_url": self.callback_url, "callback_secret_id": "test"}
@@ -86,15 +85,6 @@ class Load:
         except httpx.HTTPError:
             pass  # the fleet went away under this thread: what the test does on purpose
 
-    def __enter__(self) -> Load:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join()
 
 
 def _wait(condition: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:

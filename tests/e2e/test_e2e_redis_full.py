@@ -3,7 +3,6 @@ Retry-After, nothing acknowledged is lost, and the fleet recovers by itself once
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ import redis
 from redis.exceptions import OutOfMemoryError
 from test_e2e_async import ASYNC, bash, resume, wait_done
 
-from tests.e2e.conftest import base_config, free_port, start_fleet
+from tests.e2e.conftest import ClientThreads, base_config, free_port, start_fleet
 
 MAXMEMORY_MB = 32
 SESSIONS = 3
@@ -26,14 +25,13 @@ def fleet_redis(state_dir: Path) -> redis.Redis:
                        password=(d / "password").read_text().strip())
 
 
-class Load:
+class Load(ClientThreads):
     """One client thread per session posting async `echo` calls back to back."""
 
     def __init__(self, url: str, bases: list[str]) -> None:
         self.url, self.bases = url, bases
         self.answers: list[tuple[float, int, httpx.Headers, Any]] = []
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._run, args=(b,)) for b in bases]
+        super().__init__(bases)
 
     def _run(self, base: str) -> None:
         with httpx.Client(base_url=self.url, timeout=60) as c:
@@ -43,15 +41,6 @@ class Load:
                 self.answers.append((time.monotonic(), r.status_code, r.headers, r.json()))
                 n += 1
 
-    def __enter__(self) -> Load:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join()
 
 
 @pytest.mark.embedded_redis  # the cap is the embedded server's (`redis.maxmemory_mb`)
