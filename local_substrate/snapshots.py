@@ -26,6 +26,7 @@ import os
 import stat
 import tarfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -33,7 +34,7 @@ from typing import IO
 import zstandard
 
 from common.config import TemplateLimits
-from local_substrate.trees import TreeTooLarge, climb, open_dir, own_access, remove_tree, walk
+from local_substrate.trees import Entry, TreeTooLarge, climb, open_dir, own_access, remove_tree, walk
 
 log = logging.getLogger(__name__)
 
@@ -110,16 +111,16 @@ def _write(tmp: Path, sources: dict[str, Path], limits: SnapshotLimits) -> list[
     return writer.dropped
 
 
-class _Writer:
-    """Adds trees to an archive within one set of limits (counted across all parts)."""
+class _Tally:
+    """Counts trees against one set of limits (across all parts): SnapshotRefused past one."""
 
     def __init__(self, limits: SnapshotLimits) -> None:
         self.limits = limits
         self.bytes = 0
         self.entries = 0
-        self.dropped: list[str] = []
 
-    def add_tree(self, tar: tarfile.TarFile, part: str, src: Path) -> None:
+    def entries_of(self, part: str, src: Path) -> Iterator[Entry]:
+        """Each entry under `src` (the caller closes the iterator: it holds the walk's fds)."""
         left = self.limits.max_entries - self.entries
         try:
             with contextlib.closing(walk(str(src), left)) as entries:
@@ -129,13 +130,62 @@ class _Writer:
                         raise SnapshotRefused(
                             f"{part}/ is deeper than {self.limits.max_depth} dirs (the template's limit)"
                         )
-                    self._add(tar, f"{part}/{entry.path}", entry.name, entry.dir_fd, entry.st)
-                    # tarfile keeps every member it wrote; a workspace may have very many.
-                    tar.members.clear()
+                    yield entry
         except TreeTooLarge:
             raise SnapshotRefused(
                 f"more than {self.limits.max_entries} files, dirs and links (the template's limit)"
             ) from None
+
+    def add_bytes(self, path: str, stored: int) -> None:
+        if self.bytes + stored > self.limits.max_bytes:
+            raise SnapshotRefused(
+                f"more than {self.limits.max_bytes >> 20} MB of data (the template's limit; "
+                f"{path} alone holds {stored >> 20} MB)"
+            )
+        self.bytes += stored
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What a snapshot of a tree would hold: data bytes, and files+dirs+links."""
+
+    bytes: int
+    entries: int
+
+
+def measure(sources: dict[str, Path], limits: SnapshotLimits) -> Usage:
+    """What a snapshot of `sources` would hold, from lstats alone (no file is opened); the same
+    limits as `write_snapshot`, so SnapshotRefused past one. Safe on a running sandbox's tree (the
+    disk guard's use): TreeChanged when the tenant moved a dir the walk was in."""
+    tally = _Tally(limits)
+    for part, src in sources.items():
+        with contextlib.closing(tally.entries_of(part, src)) as entries:
+            for entry in entries:
+                if stat.S_ISREG(entry.st.st_mode):
+                    tally.add_bytes(f"{part}/{entry.path}", stored_bytes(entry.st))
+    return Usage(tally.bytes, tally.entries)
+
+
+def stored_bytes(st: os.stat_result) -> int:
+    """A regular file's data as a snapshot stores it, judged from its lstat: a file whose holes
+    save SPARSE_MIN_SAVING counts its allocated blocks (a snapshot keeps only its data regions)."""
+    allocated = st.st_blocks * 512
+    return st.st_size if st.st_size - allocated < SPARSE_MIN_SAVING else allocated
+
+
+class _Writer:
+    """Adds trees to an archive within one set of limits (counted across all parts)."""
+
+    def __init__(self, limits: SnapshotLimits) -> None:
+        self.tally = _Tally(limits)
+        self.dropped: list[str] = []
+
+    def add_tree(self, tar: tarfile.TarFile, part: str, src: Path) -> None:
+        with contextlib.closing(self.tally.entries_of(part, src)) as entries:
+            for entry in entries:
+                self._add(tar, f"{part}/{entry.path}", entry.name, entry.dir_fd, entry.st)
+                # tarfile keeps every member it wrote; a workspace may have very many.
+                tar.members.clear()
 
     def _add(self, tar: tarfile.TarFile, path: str, name: str, dir_fd: int, st: os.stat_result) -> None:
         info = tarfile.TarInfo(path)
@@ -160,12 +210,7 @@ class _Writer:
                 return
             regions = _sparse_regions(fd, st)
             stored = sum(n for _, n in regions) if regions is not None else st.st_size
-            if self.bytes + stored > self.limits.max_bytes:
-                raise SnapshotRefused(
-                    f"more than {self.limits.max_bytes >> 20} MB of data (the template's limit; "
-                    f"{info.name} alone holds {stored >> 20} MB)"
-                )
-            self.bytes += stored
+            self.tally.add_bytes(info.name, stored)
             info.size = stored
             if regions is None:
                 tar.addfile(info, f)

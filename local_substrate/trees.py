@@ -5,8 +5,10 @@ dirs and files of mode 000, names with any bytes, symlinks to anywhere, FIFOs an
 
 - no recursion: an explicit stack of the names still to visit, one list per open level;
 - one dir fd at a time: every name is opened relative to its parent's fd (no path ever longer than
-  one name), and the walk climbs back with `..`. That is only sound on a tree nobody changes
-  meanwhile: callers walk slots whose sandbox is stopped;
+  one name), and the walk climbs back with `..`. Each dir's identity (device, inode) is kept, and
+  a `..` that is not the dir the walk came from (the tenant moved a dir the walk was in) ends the
+  walk with `TreeChanged`: a walk of a running sandbox's tree (the disk guard's) never leaves it.
+  A name that vanished or changed kind between its lstat and its open is skipped;
 - never a symlink followed (`O_NOFOLLOW`, `follow_symlinks=False`), never a FIFO opened (the
   caller looks at the lstat first);
 - an unreadable dir of our own uid (a non-root fleet: the tenant runs as the fleet's uid) gets its
@@ -15,6 +17,7 @@ dirs and files of mode 000, names with any bytes, symlinks to anywhere, FIFOs an
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Callable, Iterator
@@ -28,6 +31,10 @@ REMOVE_BATCH = 4096
 
 class TreeTooLarge(Exception):
     """The tree has more entries than the caller allows."""
+
+
+class TreeChanged(Exception):
+    """A dir the walk was in moved meanwhile: `..` is no longer the dir it came from."""
 
 
 @dataclass(frozen=True)
@@ -76,13 +83,48 @@ def climb(fd: int) -> int:
     return parent
 
 
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _climb_to(fd: int, expected: tuple[int, int]) -> int:
+    """`climb`, checking the parent is the dir the walk came from."""
+    parent = climb(fd)
+    if _identity(os.fstat(parent)) != expected:
+        os.close(parent)
+        raise TreeChanged("a dir moved while it was walked")
+    return parent
+
+
+#: Errors of opening a name the lstat saw as a dir: it vanished, or became a file or a link.
+_GONE = (FileNotFoundError, NotADirectoryError)
+
+
+def _descend(name: str, fd: int, st: os.stat_result) -> int | None:
+    """The fd of the dir `name` in `fd` if it is still the one lstat saw, else None (skipped)."""
+    try:
+        child = open_dir(name, fd)
+    except _GONE:
+        return None
+    except OSError as err:
+        if err.errno == errno.ELOOP:  # replaced by a symlink meanwhile
+            return None
+        raise
+    if _identity(os.fstat(child)) != _identity(st):
+        os.close(child)
+        return None
+    return child
+
+
 def walk(root: str, max_entries: int) -> Iterator[Entry]:
     """Every name under `root`, parents before children; TreeTooLarge past `max_entries`.
 
     A dir's own entry comes first; the walk then descends into it. A caller that must not go
-    deeper raises instead of taking the next entry.
+    deeper raises instead of taking the next entry. TreeChanged when a dir moved under the walk.
     """
     fd = open_dir(root, None)
+    # The identity of each open level's dir: idents[-1] is the dir `fd` stands in.
+    idents = [_identity(os.fstat(fd))]
     stack = [_names(fd, max_entries + 1)]
     prefix: list[str] = []
     seen = 0
@@ -92,7 +134,8 @@ def walk(root: str, max_entries: int) -> Iterator[Entry]:
                 stack.pop()
                 if prefix:
                     prefix.pop()
-                    fd = climb(fd)
+                    idents.pop()
+                    fd = _climb_to(fd, idents[-1])
                 continue
             name = stack[-1].pop()
             try:
@@ -104,10 +147,13 @@ def walk(root: str, max_entries: int) -> Iterator[Entry]:
                 raise TreeTooLarge(f"more than {max_entries} files, dirs and links")
             yield Entry("/".join((*prefix, name)), name, fd, len(prefix) + 1, st)
             if stat.S_ISDIR(st.st_mode):
-                child = open_dir(name, fd)
+                child = _descend(name, fd, st)
+                if child is None:
+                    continue
                 os.close(fd)
                 fd = child
                 prefix.append(name)
+                idents.append(_identity(st))
                 stack.append(_names(fd, max_entries - seen + 1))
     finally:
         os.close(fd)
