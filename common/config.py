@@ -453,6 +453,13 @@ class LocalSubstrateConfig(_Model):
     #: 5,140 submits/s at 25 against ~1,900 at 100, but sync throughput fell from ~1,700 to ~1,180
     #: calls/s, the control plane batching less per wakeup.)
     sandbox_cpu_weight: int = Field(100, ge=1, le=10000)
+    #: Free space (MB) kept on the filesystem of the state dir (snapshots; with `atefleet up`
+    #: also Redis's AOF). While less is free, the disk guard measures each running slot's
+    #: workspace every `disk_check_period_s` and stops any over its template's `workspace_mb` /
+    #: `workspace_entries` / `workspace_depth` (back to its last snapshot); slots within their
+    #: limits are never touched. With more free, it costs one statvfs per period. 0 = off.
+    disk_reserve_mb: int = Field(2048, ge=0)
+    disk_check_period_s: float = Field(2.0, gt=0)
     faults: FaultConfig = FaultConfig()
 
     _blank = model_validator(mode="before")(_none_to_default)

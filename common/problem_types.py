@@ -48,6 +48,10 @@ PROBLEM_TYPES: dict[str, str] = {
     "retries_exhausted": "503: infrastructure failures used up the job's attempts (the job went to the DLQ)",
     "snapshot_refused": ("507: the session's files are over its template's limits (bytes, entries, depth): "
                          "nothing was saved, the session is suspended at its last snapshot"),
+    "workspace_over_quota": (
+        "507: while the host's disk was low, the session's files were over its template's limits: it was "
+        "stopped and is back at its last snapshot (answered once, by the first call after; the next resume "
+        "restores that snapshot)"),
 }
 
 
