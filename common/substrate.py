@@ -15,6 +15,8 @@ below, translated once from status codes (the causes are chained).
     │   └── TemplateMismatch          create-if-absent found the actor with another template
     ├── InvalidArgument               INVALID_ARGUMENT (e.g. a name that is not a DNS-1123 label)
     ├── SnapshotFailed                RESOURCE_EXHAUSTED: a suspend's snapshot refused or failed
+    ├── WorkspaceOverQuota            RESOURCE_EXHAUSTED on resume: a local Substrate's disk guard
+    │                                 stopped the actor (answered once; the actor is SUSPENDED)
     ├── Unauthenticated               UNAUTHENTICATED / PERMISSION_DENIED, or no readable token
     └── SubstrateInternal             INTERNAL and anything unexpected
 
@@ -114,6 +116,12 @@ class TemplateMismatch(ConfigurationError):
 class SnapshotFailed(SubstrateError):
     """RESOURCE_EXHAUSTED on suspend: the snapshot was over a template limit or could not be
     written; the actor is SUSPENDED at its previous snapshot."""
+
+
+class WorkspaceOverQuota(SubstrateError):
+    """RESOURCE_EXHAUSTED on resume (local Substrate): its disk guard stopped the actor, over its
+    template's limits while the host's disk was low; it is SUSPENDED at its last snapshot, and
+    only this resume is refused."""
 
 
 class InvalidArgument(SubstrateError):
@@ -270,6 +278,8 @@ def translate(rpc: str, err: grpc.aio.AioRpcError) -> SubstrateError:
         cls = _classify_precondition(rpc, details)
     elif code == grpc.StatusCode.RESOURCE_EXHAUSTED and rpc in ("SuspendActor", "PauseActor"):
         cls = SnapshotFailed
+    elif code == grpc.StatusCode.RESOURCE_EXHAUSTED and rpc == "ResumeActor":
+        cls = WorkspaceOverQuota
     else:
         cls = _BY_CODE.get(code, SubstrateInternal)
     return cls(f"{rpc}: {code.name}: {details}")

@@ -15,6 +15,8 @@ RPC's cancellation: a client that gives up does not leave a half-started sandbox
 Data scope only: files (workspace + guest state dir) survive a suspend; processes do not. If a
 guest dies on its own (or with a killed slot, or with the server), its actor falls back to
 SUSPENDED at its last snapshot — work since then is lost — as upstream does when a worker pod dies.
+So does an actor the disk guard stops (over its template's limits while the disk is low,
+`disk_guard`); its next resume is refused once, saying so.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from local_substrate.errors import (
     not_found,
     precondition,
     snapshot_failed,
+    workspace_over_quota,
 )
 from local_substrate.faults import Faults
 from local_substrate.golden import GoldenSnapshots
@@ -212,6 +215,17 @@ class Control:
     def workers(self) -> list[tuple[Slot, ActorRecord | None]]:
         return [(s, self.store.find_name(s.actor) if s.actor else None) for s in self.slots.slots]
 
+    def running(self) -> list[tuple[Slot, ActorRecord]]:
+        """Slots whose actor is RUNNING and in no operation (what the disk guard measures)."""
+        out: list[tuple[Slot, ActorRecord]] = []
+        for slot in self.slots.slots:
+            if not slot.actor or slot.process is None or slot.stopping or slot.actor in self._busy:
+                continue
+            rec = self.store.find_name(slot.actor)
+            if rec is not None and rec.status is Status.RUNNING and rec.slot == slot.name:
+                out.append((slot, rec))
+        return out
+
     def debug_clear(self) -> None:
         if self.slots.busy or self._busy:
             raise precondition("actors are running; suspend them first")
@@ -239,6 +253,36 @@ class Control:
             return rec
         return await self._exclusive(name, lambda: self._suspend(atespace, name, Status.PAUSED))
 
+    async def stop_over_quota(self, slot: Slot, seen: ActorRecord, breach: str) -> bool:
+        """The disk guard's stop of an actor over its template's limits: back at its last snapshot
+        (SUSPENDED, `breach` kept for its next resume), killed at once, then its slot's dirs deleted
+        (the disk is low now, not at the slot's next resume) and the slot freed. False when the
+        actor moved on since it was measured (a suspend got there first, or a new run)."""
+        if seen.name in self._busy:
+            return False
+        if not await self._exclusive(seen.name, lambda: self._stop_over_quota(slot, seen, breach)):
+            return False
+        # Outside the actor's lock: it may resume (in another slot) while this one is emptied.
+        try:
+            await asyncio.to_thread(slot.dirs.reset)
+        except OSError as err:
+            log.error("slot %s: deleting the files of %s failed (%s); its next resume resets it", slot.name,
+                      seen.name, err)  # fmt: skip
+        self.slots.release(slot)
+        return True
+
+    async def _stop_over_quota(self, slot: Slot, seen: ActorRecord, breach: str) -> bool:
+        rec = self.store.get(seen.atespace, seen.name)
+        if rec is None or rec.status is not Status.RUNNING or rec.run_id != seen.run_id:
+            return False
+        # Recorded before the kill: a worker that sees its guest go asks at once, and must find
+        # the actor suspended (its resume waits for this lock, then is refused with `breach`).
+        self.store.update(rec.evolve(status=Status.SUSPENDED, slot="", run_id="", breach=breach))
+        await self._stop_process(slot, kill=True)
+        log.warning("disk guard: stopped %s/%s in %s, back at its last snapshot: %s", rec.atespace, rec.name,
+                    slot.name, breach)  # fmt: skip
+        return True
+
     async def kill_slot(self, name: str) -> None:
         """Fault injection: SIGKILL the slot's sandbox, as if its worker pod died."""
         slot = self.slots.get(name)
@@ -264,7 +308,7 @@ class Control:
         finally:
             self._busy.discard(name)
 
-    def _template(self, rec: ActorRecord) -> TemplateConfig:
+    def template(self, rec: ActorRecord) -> TemplateConfig:
         return self._config.template(rec.template_name)
 
     def _skills(self, template: TemplateConfig) -> tuple[tuple[Path, str], ...]:
@@ -285,6 +329,11 @@ class Control:
         rec = self.get_actor(atespace, name)
         if rec.status is Status.RUNNING:
             return rec
+        if rec.breach:
+            # Said once, so the tenant learns why its work since the last snapshot is gone (the
+            # call in flight when the guard stopped it, or the next one); the next resume proceeds.
+            self.store.update(rec.evolve(breach=""))
+            raise workspace_over_quota(f"{atespace}/{name}", rec.breach)
         if rec.status in (Status.SUSPENDING, Status.PAUSING) and self.faults.upstream_transit:
             rec = await self._drop_checkpoint(rec)
         elif rec.status in (Status.SUSPENDING, Status.PAUSING):
@@ -322,7 +371,7 @@ class Control:
             self.slots.release(slot)
 
     async def _start(self, rec: ActorRecord, slot: Slot, boot: bool) -> None:
-        template = self._template(rec)
+        template = self.template(rec)
         skills = self._skills(template)
         source: Path | None = Path(rec.snapshot) if rec.snapshot else None
         if source is None and not boot:
@@ -362,7 +411,7 @@ class Control:
         await self._stop_process(slot)
         self.faults.midway("SuspendActor" if target is Status.SUSPENDED else "PauseActor")
         path = self.snapshots.new_path(rec.uid)
-        limits = SnapshotLimits.of(self._template(rec).limits)
+        limits = SnapshotLimits.of(self.template(rec).limits)
         try:
             sources = slot.dirs.snapshot_sources()
             dropped = await asyncio.to_thread(self.snapshots.write, path, sources, limits)
@@ -382,14 +431,15 @@ class Control:
         self.slots.release(slot)
         return rec
 
-    async def _stop_process(self, slot: Slot) -> None:
+    async def _stop_process(self, slot: Slot, kill: bool = False) -> None:
+        """Stop the slot's sandbox: SIGTERM and `stop_grace_s`, or at once with `kill`."""
         slot.stopping = True
         if slot.watcher is not None and slot.watcher is not asyncio.current_task():
             slot.watcher.cancel()
             await asyncio.gather(slot.watcher, return_exceptions=True)
         slot.watcher = None
         if slot.process is not None:
-            await slot.process.stop(self.stop_grace_s)
+            await (slot.process.reap() if kill else slot.process.stop(self.stop_grace_s))
             slot.process = None
 
     async def _watch(self, slot: Slot, rec: ActorRecord) -> None:

@@ -30,7 +30,19 @@ def snapshot_failed(actor: str, err: Exception) -> ControlError:
     )
 
 
+def workspace_over_quota(actor: str, breach: str) -> ControlError:
+    """The resume after the disk guard stopped the actor: refused once, saying why (the actor
+    is SUSPENDED at its last snapshot; the next resume restores it)."""
+    return ControlError(
+        "RESOURCE_EXHAUSTED",
+        f"{WORKSPACE_OVER_QUOTA}: {actor} was stopped: {breach}; the actor is back at its last snapshot, "
+        "and the next resume restores it",
+    )
+
+
 #: The exact message clients match to tell capacity from configuration errors.
 NO_FREE_WORKERS = "no free workers available"
 IN_PROGRESS = "another operation is in progress"
 VERSION_CONFLICT = "concurrent update conflict"
+#: How a resume refused after a disk guard stop begins.
+WORKSPACE_OVER_QUOTA = "workspace over quota"

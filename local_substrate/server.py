@@ -30,6 +30,7 @@ from common.ateapi import ateapi_pb2_grpc as pb_grpc
 from common.config import Config
 from common.routing import MAX_UDS_PATH, local_substrate_dir
 from local_substrate.control import Control
+from local_substrate.disk_guard import DiskGuard
 from local_substrate.isolation import isolation_report
 from local_substrate.layout import Layout
 from local_substrate.sandbox import compile_code, detect_level, write_etc
@@ -104,7 +105,8 @@ def check_network_host(config: Config) -> None:
         raise RuntimeError(
             f"templates {host} use network: host, which exposes the fleet's loopback services to "
             "tenant code; configure auth (auth.api_keys or auth.jwt) first, and use it for trusted "
-            "templates only")
+            "templates only"
+        )
 
 
 class LocalSubstrate:
@@ -117,6 +119,8 @@ class LocalSubstrate:
         #: The isolation in force (local_substrate.isolation), once started.
         self.isolation: dict[str, Any] = {}
         self.control: Control | None = None
+        #: Stops running slots over their template's limits while the disk is low (once started).
+        self.disk_guard: DiskGuard | None = None
         self._server: grpc.aio.Server | None = None
         self.running = False
         self._lock: TextIO | None = None
@@ -157,6 +161,11 @@ class LocalSubstrate:
         port = self._server.add_insecure_port(self.listen)
         await self._server.start()
         self.address = f"{host}:{port}"
+        cfg = self.config.local_substrate
+        self.disk_guard = DiskGuard(
+            self.control, self.layout.root, cfg.disk_reserve_mb, cfg.disk_check_period_s
+        )
+        self.disk_guard.start()
 
     async def stop(self, suspend_running: bool = True) -> None:
         """Stop taking calls, then snapshot running actors (unless told not to) and stop guests."""
@@ -165,6 +174,9 @@ class LocalSubstrate:
         self.running = False
         if self._server is not None:
             await self._server.stop(STOP_GRACE_S)
+        # Before the Control closes: a guard stop must not race the final suspends.
+        if self.disk_guard is not None:
+            await self.disk_guard.stop()
         if self.control is not None:
             await self.control.close(suspend_running=suspend_running)
         self.layout.status.unlink(missing_ok=True)

@@ -51,6 +51,9 @@ class ActorRecord:
     #: Archive paths of the special files (FIFOs, sockets, devices) the latest snapshot left out:
     #: reported on every suspend answer until the next snapshot.
     dropped: tuple[str, ...] = ()
+    #: Why the disk guard stopped its last run (over its template's limits while the disk was
+    #: low); answered once, by the next resume, then cleared ("" = nothing to report).
+    breach: str = ""
 
     def evolve(self, **changes: object) -> ActorRecord:
         """A copy with `changes` and the next version."""
@@ -63,13 +66,14 @@ CREATE TABLE IF NOT EXISTS actors (
     atespace TEXT NOT NULL, name TEXT NOT NULL, template_namespace TEXT NOT NULL,
     template_name TEXT NOT NULL, status INTEGER NOT NULL, version INTEGER NOT NULL,
     uid TEXT NOT NULL, slot TEXT NOT NULL, run_id TEXT NOT NULL, snapshot TEXT NOT NULL,
-    selector TEXT NOT NULL, dropped TEXT NOT NULL DEFAULT '[]', PRIMARY KEY (atespace, name));
+    selector TEXT NOT NULL, dropped TEXT NOT NULL DEFAULT '[]', breach TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (atespace, name));
 """
 #: Columns added after the first release, with their definitions (added to older files on open).
-_ADDED_COLUMNS = {"dropped": "TEXT NOT NULL DEFAULT '[]'"}
+_ADDED_COLUMNS = {"dropped": "TEXT NOT NULL DEFAULT '[]'", "breach": "TEXT NOT NULL DEFAULT ''"}
 _COLUMNS = (
     "atespace, name, template_namespace, template_name, status, version, uid, slot, run_id, snapshot, "
-    "selector, dropped"
+    "selector, dropped, breach"
 )
 _PLACEHOLDERS = ",".join("?" * len(_COLUMNS.split(",")))
 
@@ -78,16 +82,17 @@ def _row(r: ActorRecord) -> tuple[object, ...]:
     return (
         r.atespace, r.name, r.template_namespace, r.template_name, int(r.status), r.version,
         r.uid, r.slot, r.run_id, r.snapshot, json.dumps(r.selector, sort_keys=True), json.dumps(r.dropped),
+        r.breach,
     )  # fmt: skip
 
 
 def _record(row: tuple[object, ...]) -> ActorRecord:
-    a, n, tns, tn, st, v, uid, slot, run, snap, sel, dropped = row
+    a, n, tns, tn, st, v, uid, slot, run, snap, sel, dropped, breach = row
     return ActorRecord(
         atespace=str(a), name=str(n), template_namespace=str(tns), template_name=str(tn),
         status=Status(int(str(st))), version=int(str(v)), uid=str(uid), slot=str(slot),
         run_id=str(run), snapshot=str(snap), selector=json.loads(str(sel)),
-        dropped=tuple(json.loads(str(dropped))),
+        dropped=tuple(json.loads(str(dropped))), breach=str(breach),
     )  # fmt: skip
 
 

@@ -87,15 +87,6 @@ def _identity(st: os.stat_result) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-def _climb_to(fd: int, expected: tuple[int, int]) -> int:
-    """`climb`, checking the parent is the dir the walk came from."""
-    parent = climb(fd)
-    if _identity(os.fstat(parent)) != expected:
-        os.close(parent)
-        raise TreeChanged("a dir moved while it was walked")
-    return parent
-
-
 #: Errors of opening a name the lstat saw as a dir: it vanished, or became a file or a link.
 _GONE = (FileNotFoundError, NotADirectoryError)
 
@@ -135,7 +126,9 @@ def walk(root: str, max_entries: int) -> Iterator[Entry]:
                 if prefix:
                     prefix.pop()
                     idents.pop()
-                    fd = _climb_to(fd, idents[-1])
+                    fd = climb(fd)
+                    if _identity(os.fstat(fd)) != idents[-1]:
+                        raise TreeChanged("a dir moved while it was walked")
                 continue
             name = stack[-1].pop()
             try:

@@ -42,6 +42,7 @@ from common.substrate import (
     SubstrateClient,
     SubstrateError,
     TemplateMismatch,
+    WorkspaceOverQuota,
 )
 
 log = logging.getLogger("atefleet.worker.actors")
@@ -208,6 +209,12 @@ class ActorKeeper:
         started = time.monotonic()
         try:
             actor = await self._resume_actor(ctx, env, name)
+        except WorkspaceOverQuota as err:
+            # Substrate stopped the actor (back at its last snapshot); this call is told why. Not
+            # a fleet park: a call without auto_resume answers 409 until the session is resumed.
+            await ctx.update_session(state="suspended", suspended_by="")
+            await self.capacity.suspended(ctx.job.session, SuspendedBy.CLIENT, ctx.job.id)
+            raise JobFailed(problem(507, "workspace_over_quota", "Workspace over quota", str(err))) from err
         except SubstrateError as err:
             raise await self._failure(env.atespace, name, err) from err
         await self._bind(ctx, actor)
