@@ -373,8 +373,11 @@ class AuditConfig(_Model):
     #: Records the Redis stream keeps (approximately: trimmed in whole macro nodes); 0 = none.
     #: A call's record is ~150 bytes of Redis memory, so the default holds ~30 MB.
     stream_maxlen: int = Field(200_000, ge=0)
-    #: Records older than this are trimmed from the stream (every `trim_period_s`).
-    max_age_s: float = Field(7 * 86400.0, gt=0)
+    #: Records older than this are trimmed from the stream (every `trim_period_s`): the recent
+    #: window `GET /v1/audit` reads; `jsonl` is the long-term copy. A call's record is ~150 bytes
+    #: while kept: an hour of them against a day of job records is ~6 bytes per record held, a
+    #: week ~1 KB (more than the record itself), until `stream_maxlen` caps it.
+    max_age_s: float = Field(3600.0, gt=0)
     trim_period_s: float = Field(60.0, gt=0)
     #: JSON lines of each API process's records: "" = none, "-" = stdout, else a file appended to.
     jsonl: str = ""
