@@ -26,6 +26,7 @@ from enum import StrEnum
 from typing import Any
 
 from common.problem_types import problem_type
+from common.queue.compact import decode_result
 from common.queue.keys import split_session
 from common.redis.errors import OutOfMemoryError, RedisConnectionError, RedisTimeoutError
 
@@ -212,11 +213,23 @@ class JobRecord:
     def queued(cls, job_id: str, job: NewJob, created_ms: int) -> JobRecord:
         """The record enqueue.lua writes for `job`, without reading it back."""
         return cls(
-            id=job_id, environment=job.environment, session_id=job.session_id, kind=job.kind,
-            state=JobState.QUEUED, payload=job.payload, principal=job.principal,
-            callback_url=job.callback_url, callback_secret_id=job.callback_secret_id, attempts=0,
-            epoch=0, created_at=created_ms / 1000, started_at=None, finished_at=None, result=None,
-            error=None, cancel_requested=False,
+            id=job_id,
+            environment=job.environment,
+            session_id=job.session_id,
+            kind=job.kind,
+            state=JobState.QUEUED,
+            payload=job.payload,
+            principal=job.principal,
+            callback_url=job.callback_url,
+            callback_secret_id=job.callback_secret_id,
+            attempts=0,
+            epoch=0,
+            created_at=created_ms / 1000,
+            started_at=None,
+            finished_at=None,
+            result=None,
+            error=None,
+            cancel_requested=False,
         )
 
     @classmethod
@@ -239,7 +252,7 @@ class JobRecord:
             created_at=_ms_to_s(f.get("ct")),
             started_at=_ms_to_s(f.get("sa")),
             finished_at=_ms_to_s(f.get("fa")),
-            result=_json_or_none(f.get("res")),
+            result=decode_result(f.get("res")),
             error=_json_or_none(f.get("err")),
             cancel_requested=f.get("cx") == "1",
             webhook_attempts=json.loads(f.get("wh") or "[]"),

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from common.config import JobsConfig
+from common.queue.compact import compact_json
 from common.queue.models import TRANSIENT, LeaseLost
-from common.queue.scripts import Lease, compact_json
+from common.queue.scripts import Lease
 
 if TYPE_CHECKING:
     from common.queue.queue import Queue

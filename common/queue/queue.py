@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from common.config import Config, QuotaLimits
+from common.queue.compact import compact_json, decode_result, encode_result, fold_output, unfold_output
 from common.queue.keys import Keys, session_name
 from common.queue.models import (
     PROBLEM_CANCELLED,
@@ -30,7 +31,7 @@ from common.queue.models import (
     text,
 )
 from common.queue.output import OutputLimits, fit_result
-from common.queue.scripts import EVENTS_MAXLEN, Handoff, Lease, QueueScripts, ScriptLimits, compact_json
+from common.queue.scripts import EVENTS_MAXLEN, Handoff, Lease, QueueScripts, ScriptLimits
 from common.redis.client import RedisClient
 
 #: Lifetime of an output stream that holds only the end marker (the job wrote no output but a
@@ -192,8 +193,8 @@ class Queue:
     async def _folded(self, job_id: str, after: str) -> list[OutputEntry]:
         """The output `complete` folded into the record (`o`), as entries `0-1`, `0-2`, ..., then
         the end marker; after an id of a real stream (since expired), only the end marker."""
-        raw = await self.redis.hget(self.keys.job(job_id), "o")
-        flat = json.loads(raw) if raw else []
+        raw, result = await self.redis.hmget(self.keys.job(job_id), ["o", "res"])
+        flat = unfold_output(text(raw) if raw else None, decode_result(text(result) if result else None))
         entries: list[OutputEntry] = [
             (f"0-{i // 2 + 1}", {"stream": flat[i], "data": flat[i + 1]}) for i in range(0, len(flat), 2)
         ]
@@ -298,8 +299,13 @@ class Queue:
         field = field if value is not None else ""
         cuts = (("output", output_truncated), ("result", result_cut))
         truncated = ",".join(name for name, cut in cuts if cut)
+        folded = ""
+        if result is not None and not result_cut:  # stored compactly (common/queue/compact.py)
+            encoded = encode_result(result, encoded)
+            folded = fold_output(output, result)
         return await self.scripts.complete(
-            lease, job_id, str(state), field, encoded, now_ms(), take_next, output, truncated
+            lease, job_id, str(state), field, encoded, now_ms(), take_next, output, truncated,
+            folded if folded != output else "",
         )
 
     async def retry_later(

@@ -16,6 +16,7 @@ from importlib import resources
 from typing import Any
 
 from common.config import QuotaLimits
+from common.queue.compact import compact_json
 from common.queue.keys import Keys, session_name
 from common.queue.models import (
     OOM_REPLY,
@@ -96,11 +97,6 @@ class Handoff:
         """From the JSON array notify/take_work build: session, epoch, jid, field, value, ..."""
         flat = json.loads(raw)
         return cls(Lease(flat[0], worker_id, int(flat[1])), _head_job(flat[2:]))
-
-
-#: Compact JSON, as the queue stores it; one encoder for every call (json.dumps with options
-#: builds one per call).
-compact_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _str(value: Any) -> str:
@@ -193,13 +189,14 @@ class QueueScripts:
 
     async def complete(
         self, lease: Lease, job_id: str, state: str, field: str, value: str, now_ms: int, take_next: bool,
-        output: str = "", truncated: str = "",
+        output: str = "", truncated: str = "", folded: str = "",
     ) -> JobRecord | None:
-        """Finish the running job; the next job (now running) or None when released."""
+        """Finish the running job; the next job (now running) or None when released. `folded`:
+        what the record keeps of `output` if it is folded ('' for the output itself)."""
         raw = await self._run(
             "complete",
             [lease.value, lease.session, lease.epoch, job_id, state, field, value, now_ms, int(take_next),
-             output, truncated],
+             output, truncated, folded],
             (lease.session, job_id),
         )
         status = _str(raw[0])

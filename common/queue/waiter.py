@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from common.queue.compact import decode_result
 from common.queue.leases import listen_forever
 from common.queue.models import JobRecord, JobState
 from common.queue.queue import Queue
@@ -63,7 +64,7 @@ def parse_note(message: str) -> tuple[str, _Note]:
     state, _, inline = rest.partition(" ")
     field, _, value = inline.partition(" ")
     if field == "res":
-        return job_id, Outcome(JobState(state), result=json.loads(value))
+        return job_id, Outcome(JobState(state), result=decode_result(value))
     if field == "err":
         return job_id, Outcome(JobState(state), error=json.loads(value))
     if state == JobState.CANCELLED:

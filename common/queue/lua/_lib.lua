@@ -158,10 +158,11 @@ end
 -- Terminal transition of job J of session S: out of the FIFO, record state + result/error, TTLs,
 -- output, secrets gone, event, and the waiters' channel. `field` is 'res' or 'err' (or false for
 -- none); `output` the output the worker still held (JSON, see append_chunks; '' for none) and
--- `truncated` what was cut ('output', 'result', both comma-separated, or '').
+-- `truncated` what was cut ('output', 'result', both comma-separated, or ''), `folded` what the
+-- record keeps of `output` when it is folded ('' or nil: `output` itself; see common/queue/compact.py).
 -- A job already terminal is left alone (a retried call whose first reply was lost): false.
 -- The first write is LREM (not refused at maxmemory), so under a full Redis it still runs whole.
-local function finish(J, S, state, field, value, now, output, truncated)
+local function finish(J, S, state, field, value, now, output, truncated, folded)
   local jid, jk = J.id, J.job
   local f = redis.call('HMGET', jk, 'st', 'cb', 'ow')
   if TERMINAL[f[1] or ''] then return false end
@@ -190,7 +191,9 @@ local function finish(J, S, state, field, value, now, output, truncated)
     redis.call('PEXPIRE', ok, OUT_TTL_MS)
   else
     -- Small and quick: folded into the record (readers get it from there, see read_output).
-    if output ~= '' then redis.call('HSET', jk, 'o', output) end
+    if output ~= '' then
+      redis.call('HSET', jk, 'o', (folded and folded ~= '') and folded or output)
+    end
     if f[3] then
       -- A reader is blocked on the stream (`ow`): give it the output and an end marker, briefly.
       if output ~= '' then append_chunks(ok, output) end
