@@ -6,8 +6,9 @@ the next start, so sessions and queued jobs survive a restart of the fleet.
 
 It runs bounded (`RedisConfig`): a `maxmemory` with `noeviction` (a full Redis refuses writes
 instead of dropping queued jobs), AOF rewrite thresholds (the file stays near the live data), a
-log rotated by size (`rotate_log`, called by the supervisor), and hashes kept in their compact
-encoding up to `COMPACT_HASH_VALUE_BYTES` per value (a finished job's record is one such hash).
+log rotated by size (`rotate_log`, called by the supervisor), hashes kept in their compact
+encoding up to `COMPACT_HASH_VALUE_BYTES` per value (a finished job's record is one such hash), and
+sorted sets up to `COMPACT_ZSET_ENTRIES` members.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ START_TIMEOUT_S = 10.0
 #: Hash values up to this size keep a hash in its compact (ziplist) encoding: a job record with a
 #: small result then costs a third of what the default (64 bytes) gives, a hashtable per job.
 COMPACT_HASH_VALUE_BYTES = 4096
+#: Sorted sets up to this many members keep their compact encoding: a session's timeline index
+#: (`stats:sjobs`, the last 200 job ids: common/fleet_stats.py) then costs ~40 bytes an id rather
+#: than ~125 as a skiplist. Each change to such a set moves at most ~10 KB, as for any compact one.
+COMPACT_ZSET_ENTRIES = 256
 #: Share of the machine's RAM the embedded server may use when `maxmemory_mb` is 0.
 DEFAULT_MEMORY_SHARE = 0.25
 
@@ -126,6 +131,7 @@ def start_embedded_redis(
         "--auto-aof-rewrite-percentage", str(settings.aof_rewrite_percentage),
         "--auto-aof-rewrite-min-size", f"{settings.aof_rewrite_min_mb}mb",
         "--hash-max-ziplist-value", str(COMPACT_HASH_VALUE_BYTES),
+        "--zset-max-ziplist-entries", str(COMPACT_ZSET_ENTRIES),
     ]
     # The password goes in a 0600 config file rather than argv so it never shows in `ps`.
     conf = d / "redis.conf"
