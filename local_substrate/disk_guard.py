@@ -39,7 +39,7 @@ UNMEASURED_PASSES = 3
 
 @dataclass
 class GuardStats:
-    """What the guard did since it started (for tests and the log)."""
+    """What the guard did since it started (tests and bench/disk_guard.py read it)."""
 
     #: Free-space reads (one statvfs each).
     checks: int = 0
