@@ -23,7 +23,9 @@ record should stay ziplist / listpack) and one record's field sizes. `redis_used
 `redis_slope_mb_per_min` and `rss_slope_mb_per_min` (per role) by least squares over the run's
 last half, with `*_slope_ci_mb_per_min` the 95% half-width from the fit's residuals (sampling
 noise: allocator and AOF buffers, GC passes); a slope counts as flat (`*_flat`) when it lies within
-that band or moves the level by less than 1% over the half. `aof_mb_end`, `disk_mb_end`.
+that band or moves the level by less than 1% over the half. Records held are the call rate × ttl,
+and the rate swings with the machine's load, so `redis_bytes_per_key_slope_per_min` (used_memory /
+DBSIZE, same fit) tells a leak from a change of rate. `aof_mb_end`, `disk_mb_end`.
 
     .venv/bin/python bench/soak.py [--minutes 10] [--sessions 3]
 
@@ -192,6 +194,7 @@ async def sample(fleet: RunningFleet, r: aioredis.Redis, t0: float) -> dict[str,
     return {
         "t": time.monotonic() - t0,
         "used": int((await r.info("memory"))["used_memory"]),
+        "keys": int(await r.dbsize()),  # ~ records held: all but a few dozen keys are records
         "rss": by_role,
         "aof": aof.stat().st_size if aof.exists() else 0,
     }
@@ -359,6 +362,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     half = [s for s in samples if s["t"] >= run_s / 2]
     redis_series = [(s["t"], s["used"] / 1e6) for s in half]
     redis_slope, redis_ci = slope_per_min(redis_series)
+    # Memory follows records held (the call rate × ttl), and the rate follows the machine's load:
+    # per key, a leak still shows as a slope, a change of rate does not.
+    per_key_series = [(s["t"], s["used"] / max(s["keys"], 1)) for s in half]
+    per_key_slope, per_key_ci = slope_per_min(per_key_series)
     rss_slopes, rss_ci, rss_flat = {}, {}, {}
     for role in sorted({k for s in half for k in s["rss"]}):
         series = [(s["t"], s["rss"][role]) for s in half if role in s["rss"]]
@@ -380,6 +387,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "redis_slope_mb_per_min": round(redis_slope, 3),
         "redis_slope_ci_mb_per_min": round(redis_ci, 3),
         "redis_flat": flat(redis_series, redis_slope, redis_ci),
+        "redis_bytes_per_key_slope_per_min": round(per_key_slope, 2),
+        "redis_bytes_per_key_slope_ci_per_min": round(per_key_ci, 2),
+        "redis_bytes_per_key_flat": flat(per_key_series, per_key_slope, per_key_ci),
         "rss_slope_mb_per_min": rss_slopes,
         "rss_slope_ci_mb_per_min": rss_ci,
         "rss_flat": rss_flat,
