@@ -1,8 +1,10 @@
 """The audit log: an append-only record of security-relevant events, kept apart from `events`.
 
 Records live in a Redis stream (`audit`, capped by `audit.stream_maxlen` and trimmed by age,
-`audit.max_age_s`) and, when `audit.jsonl` is set, are also written as JSON lines (a file, or
-stdout with "-") by the process that saw them, for shipping. A record is flat text fields:
+`audit.max_age_s`: an hour by default, the recent window `GET /v1/audit` reads, as a record costs
+~150 bytes of Redis while kept) and, when `audit.jsonl` is set, are also written as JSON lines (a
+file, or stdout with "-") by the process that saw them: the long-term copy, for shipping. A
+record is flat text fields:
 
     ev         call | auth_failure | forbidden | ownership_denied | policy_denied | quota_refused |
                callback_secret_denied | admin
