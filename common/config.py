@@ -463,6 +463,15 @@ class LocalSubstrateConfig(_Model):
     #: limits are never touched. With more free, it costs one statvfs per period. 0 = off.
     disk_reserve_mb: int = Field(2048, ge=0)
     disk_check_period_s: float = Field(2.0, gt=0)
+    #: Suspended actors whose sandbox is kept frozen (every process stopped, in memory) so that
+    #: their next resume continues it instead of starting a sandbox and guest anew
+    #: (local_substrate/frozen.py); the snapshot is written all the same. When a resume needs a
+    #: home (dirs and uid) and none is empty, the least recently frozen sandbox is killed.
+    #: 0 = off. Slot dirs are at most 1024 in all (one sandbox uid each): fewer frozen beyond.
+    frozen_max: int = Field(256, ge=0, le=1023)
+    #: No sandbox is frozen while the host has less memory available (MemAvailable) than this;
+    #: the least recently frozen one is killed instead.
+    frozen_min_available_mb: int = Field(1024, ge=0)
     faults: FaultConfig = FaultConfig()
 
     _blank = model_validator(mode="before")(_none_to_default)

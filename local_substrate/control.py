@@ -12,7 +12,9 @@ One operation per actor at a time: a second resume/suspend/pause while one runs 
 upstream's, so names are unique across atespaces here. Operations run as tasks shielded from the
 RPC's cancellation: a client that gives up does not leave a half-started sandbox behind.
 
-Data scope only: files (workspace + guest state dir) survive a suspend; processes do not. If a
+Files (workspace + guest state dir) survive a suspend; processes survive only while the
+actor's sandbox stays frozen (`frozen_max`, local_substrate/frozen.py: the next resume continues
+it), never a restart of this server or a resume after the frozen sandbox was evicted. If a
 guest dies on its own (or with a killed slot, or with the server), its actor falls back to
 SUSPENDED at its last snapshot — work since then is lost — as upstream does when a worker pod dies.
 So does an actor the disk guard stops (over its template's limits while the disk is low,
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from common.config import DNS1123_LABEL, Config, TemplateConfig
+from local_substrate import frozen
 from local_substrate.cgroups import Cgroups
 from local_substrate.errors import (
     IN_PROGRESS,
@@ -89,7 +92,8 @@ class Control:
             layout.root.name + "-" + uuid.uuid5(uuid.NAMESPACE_URL, str(layout.root)).hex[:8],
             cpu_weight=config.local_substrate.sandbox_cpu_weight,
         )
-        self.slots = SlotPool(layout, config.local_substrate.slots)
+        self.slots = SlotPool(layout, config.local_substrate.slots, config.local_substrate.frozen_max)
+        self._frozen_min_available = config.local_substrate.frozen_min_available_mb << 20
         self.snapshots = SnapshotStore(layout.snapshots)
         self.golden = GoldenSnapshots(layout, level, self.cgroups)
         self._templates = {t.name for t in config.local_substrate.templates} | {
@@ -116,7 +120,8 @@ class Control:
             elif rec.slot:
                 self.store.update(rec.evolve(slot="", run_id=""))
         for slot in self.slots.slots:
-            slot.dirs.prepare()
+            if slot.dirs.base.exists():  # slots never used have nothing to clean (reset creates)
+                slot.dirs.prepare()
         self.snapshots.collect({rec.uid: rec.snapshot for rec in self.store.all()})
         self.golden.collect([self._config.template(t) for t in sorted(self._templates)])
 
@@ -201,6 +206,9 @@ class Control:
             raise precondition(f"actor {atespace}/{name} is not suspended (status: STATUS_{rec.status.name})")
         if not self.store.delete(rec):
             raise ControlError("ABORTED", "concurrent update conflict")
+        home = self.slots.frozen_of(name)
+        if home is not None:
+            self._spawn(self._evict(home))
         self.snapshots.delete_actor(rec.uid)
 
     def list_actors(self, page_size: int, token: str, atespace: str) -> tuple[list[ActorRecord], str]:
@@ -213,7 +221,10 @@ class Control:
         return rows[:size], (encode_token(rows[size - 1]) if len(rows) > size else "")
 
     def workers(self) -> list[tuple[Slot, ActorRecord | None]]:
-        return [(s, self.store.find_name(s.actor) if s.actor else None) for s in self.slots.slots]
+        """The `slots` workers: the slots running an actor, then as many others as are free."""
+        running = [s for s in self.slots.slots if s.running]
+        idle = [s for s in self.slots.slots if not s.running][: max(0, self.slots.count - len(running))]
+        return [(s, self.store.find_name(s.actor)) for s in running] + [(s, None) for s in idle]
 
     def running(self) -> list[tuple[Slot, ActorRecord]]:
         """Slots whose actor is RUNNING and in no operation (what the disk guard measures)."""
@@ -229,6 +240,9 @@ class Control:
     def debug_clear(self) -> None:
         if self.slots.busy or self._busy:
             raise precondition("actors are running; suspend them first")
+        for slot in self.slots.slots:
+            if slot.frozen:
+                self._spawn(self._evict(slot))
         for rec in self.store.all():
             self.snapshots.delete_actor(rec.uid)
         self.store.clear()
@@ -302,6 +316,12 @@ class Control:
         task.add_done_callback(self._ops.discard)
         return await asyncio.shield(task)
 
+    def _spawn(self, op: Awaitable[None]) -> None:
+        """Run `op` in the background; `close` waits for it."""
+        task = asyncio.ensure_future(op)
+        self._ops.add(task)
+        task.add_done_callback(self._ops.discard)
+
     async def _run_op(self, name: str, op: Callable[[], Awaitable[T]]) -> T:
         try:
             return await op()
@@ -340,7 +360,12 @@ class Control:
             # An earlier suspend failed midway: finish its checkpoint first, then resume from it.
             rec = await self._suspend(atespace, name, Status.SUSPENDED)
         self._release_leftover(rec)
-        slot = self.slots.claim(name)
+        home = self.slots.frozen_of(name)
+        if home is not None:
+            thawed = await self._thaw(rec, home)
+            if thawed is not None:
+                return thawed
+        slot = await self._claim(name)
         if slot is None:
             raise precondition(NO_FREE_WORKERS)
         rec = self.store.update(rec.evolve(status=Status.RESUMING, slot=slot.name, run_id=uuid.uuid4().hex))
@@ -355,6 +380,71 @@ class Control:
         rec = self.store.update(rec.evolve(status=Status.RUNNING))
         slot.watcher = asyncio.create_task(self._watch(slot, rec))
         return rec
+
+    async def _claim(self, name: str) -> Slot | None:
+        """A slot for `name`'s sandbox; when a worker is free but every slot holds a frozen
+        sandbox, the least recently frozen one is killed for it."""
+        slot = self.slots.claim(name)
+        if slot is None and self.slots.busy < self.slots.count:
+            victim = self.slots.oldest_frozen()
+            if victim is not None:
+                await self._evict(victim)
+                slot = self.slots.claim(name)
+        return slot
+
+    async def _thaw(self, rec: ActorRecord, slot: Slot) -> ActorRecord | None:
+        """Resume the actor by continuing its frozen sandbox in `slot`; None when that sandbox is
+        not its latest state (then it is killed, and the resume restores the snapshot)."""
+        process = slot.process
+        if (
+            rec.status is not Status.SUSPENDED
+            or slot.snapshot != rec.snapshot
+            or process is None
+            or process.proc.returncode is not None
+        ):
+            await self._evict(slot)
+            return None
+        if self.slots.busy >= self.slots.count:
+            raise precondition(NO_FREE_WORKERS)
+        frozen_run = slot.run_id
+        self.slots.thaw(slot)
+        rec = self.store.update(rec.evolve(status=Status.RESUMING, slot=slot.name, run_id=uuid.uuid4().hex))
+        try:
+            self.faults.midway("ResumeActor")
+            # A new incarnation, as after any resume: an address cached before the suspend no
+            # longer connects (the bound socket moves; the guest keeps serving it).
+            self._layout.socket(slot.name, frozen_run).rename(self._layout.socket(slot.name, rec.run_id))
+            await asyncio.to_thread(frozen.thaw, process.pid)
+        except BaseException:
+            await self._stop_process(slot, kill=True)
+            self.slots.release(slot)
+            self.store.update(rec.evolve(slot=""))  # stays RESUMING, as a resume that failed midway
+            raise
+        rec = self.store.update(rec.evolve(status=Status.RUNNING))
+        if slot.watcher is not None:
+            slot.watcher.cancel()
+        slot.watcher = asyncio.create_task(self._watch(slot, rec))
+        return rec
+
+    async def _evict(self, slot: Slot) -> None:
+        """Kill a frozen sandbox (its actor's snapshot is written) and empty its slot."""
+        slot.stopping = True  # from now on no resume continues it, nor picks it again
+        await self._stop_process(slot, kill=True)
+        self.slots.release(slot)
+
+    async def _freeze(self, slot: Slot) -> bool:
+        """Stop every process of the slot's sandbox, to keep it for the actor's next resume; False
+        when freezing is off, memory is short (the least recently frozen sandbox is killed then),
+        or the sandbox would not stop."""
+        process = slot.process
+        if not self.slots.can_freeze or process is None or process.proc.returncode is not None:
+            return False
+        if frozen.mem_available_bytes() < self._frozen_min_available:
+            victim = self.slots.oldest_frozen()
+            if victim is not None:
+                await self._evict(victim)
+            return False
+        return await asyncio.to_thread(frozen.freeze, process.pid)
 
     async def _drop_checkpoint(self, rec: ActorRecord) -> ActorRecord:
         """Upstream's resume of an actor a failed suspend left in transit: the slot's files are
@@ -408,7 +498,11 @@ class Control:
         going = Status.SUSPENDING if target is Status.SUSPENDED else Status.PAUSING
         if rec.status is not going:
             rec = self.store.update(rec.evolve(status=going))
-        await self._stop_process(slot)
+        run_id = rec.run_id
+        # Frozen, the sandbox writes nothing while the snapshot is taken, as if it had stopped.
+        kept = target is Status.SUSPENDED and await self._freeze(slot)
+        if not kept:
+            await self._stop_process(slot)
         self.faults.midway("SuspendActor" if target is Status.SUSPENDED else "PauseActor")
         path = self.snapshots.new_path(rec.uid)
         limits = SnapshotLimits.of(self.template(rec).limits)
@@ -416,6 +510,8 @@ class Control:
             sources = slot.dirs.snapshot_sources()
             dropped = await asyncio.to_thread(self.snapshots.write, path, sources, limits)
         except Exception as err:
+            if kept:
+                await self._stop_process(slot, kill=True)
             if isinstance(err, OSError) and err.errno in HOST_ERRNOS:
                 raise  # stays SUSPENDING in its slot, files and all: the next suspend or resume retries
             # Whatever the tenant's tree did, never left SUSPENDING holding a slot: back to the
@@ -428,6 +524,11 @@ class Control:
             rec.evolve(status=target, slot="", run_id="", snapshot=str(path), dropped=tuple(dropped))
         )
         self.snapshots.prune(rec.uid, keep=rec.snapshot)
+        if kept and not dropped:
+            self.slots.freeze(slot, run_id, str(path))
+            return rec
+        if kept:  # what the snapshot dropped must be gone at the resume too, as it reported
+            await self._stop_process(slot, kill=True)
         self.slots.release(slot)
         return rec
 

@@ -39,6 +39,7 @@ from pathlib import Path
 import common
 import guest
 from common.config import TemplateLimits
+from local_substrate import frozen
 from local_substrate.cgroups import SlotCgroup
 
 log = logging.getLogger(__name__)
@@ -459,6 +460,8 @@ class SandboxProcess:
             target = self._command_pid()
             if target:
                 _signal(target, signal.SIGTERM)
+                # A frozen sandbox (local_substrate/frozen.py) gets it only once continued.
+                frozen.thaw(self.pid)
             try:
                 await asyncio.wait_for(self.proc.wait(), timeout=grace_s)
             except TimeoutError:

@@ -1,8 +1,11 @@
-"""Worker slots: a fixed set of places where one actor's guest can run at a time.
+"""Worker slots: where actors' guests run, at most `slots` at a time.
 
 A slot owns host dirs (workspace/, state/, tmp/, root/, trash/ under `slots/<slot>/`, the socket dir
-under `sock/<slot>/`) and a sandbox uid. `SlotPool.claim` hands out a free slot (the least
-recently used one, so consecutive resumes spread over slots) or None when all are busy.
+under `sock/<slot>/`) and a sandbox uid. There are `slots` + `frozen_max` of them: an actor
+suspended with its sandbox frozen (local_substrate/frozen.py) keeps its slot's dirs and uid but
+not its place among the `slots` running at once. `SlotPool.claim` hands out an empty slot (the
+least recently used one, so consecutive resumes spread over slots) while fewer than `slots` run;
+`oldest_frozen` names the one to empty when none is.
 """
 
 from __future__ import annotations
@@ -110,7 +113,17 @@ class Slot:
     watcher: asyncio.Task[None] | None = None
     #: True while a suspend stops the sandbox on purpose.
     stopping: bool = False
+    #: The actor is suspended with its sandbox stopped in this slot: its run id (the guest's
+    #: socket path) and the snapshot written at that suspend (a resume continues the sandbox
+    #: only if that is still the actor's latest).
+    frozen: bool = False
+    run_id: str = ""
+    snapshot: str = ""
     last_used: int = 0
+
+    @property
+    def running(self) -> bool:
+        return bool(self.actor) and not self.frozen
 
     @property
     def uid(self) -> int:
@@ -118,11 +131,12 @@ class Slot:
 
 
 class SlotPool:
-    def __init__(self, layout: Layout, count: int) -> None:
+    def __init__(self, layout: Layout, count: int, frozen_max: int = 0) -> None:
+        self.count = count
         self.slots = [
             Slot(f"slot-{i}", SlotDirs(layout.slot_dir(f"slot-{i}"), layout.socket_dir(f"slot-{i}"),
                                        uid_block(layout.root) + 1 + i))
-            for i in range(count)
+            for i in range(min(count + frozen_max, UID_BLOCK - 1))
         ]  # fmt: skip
         self._by_name = {s.name: s for s in self.slots}
         self._clock = 0
@@ -131,6 +145,9 @@ class SlotPool:
         return self._by_name.get(name)
 
     def claim(self, actor: str) -> Slot | None:
+        """An empty slot for `actor`, or None when `count` run already or none is empty."""
+        if self.busy >= self.count:
+            return None
         free = [s for s in self.slots if not s.actor]
         if not free:
             return None
@@ -138,11 +155,38 @@ class SlotPool:
         slot.actor = actor
         return slot
 
+    def freeze(self, slot: Slot, run_id: str, snapshot: str) -> None:
+        """`slot`'s actor is suspended with its sandbox stopped there: its running place is free."""
+        self._clock += 1
+        slot.frozen, slot.run_id, slot.snapshot, slot.stopping = True, run_id, snapshot, False
+        slot.last_used = self._clock
+
+    def thaw(self, slot: Slot) -> None:
+        slot.frozen, slot.snapshot = False, ""
+
+    def frozen_of(self, actor: str) -> Slot | None:
+        return next((s for s in self.slots if s.frozen and not s.stopping and s.actor == actor), None)
+
+    def oldest_frozen(self) -> Slot | None:
+        """The frozen sandbox to kill when a resume needs its slot (not one being killed already)."""
+        frozen = [s for s in self.slots if s.frozen and not s.stopping]
+        return min(frozen, key=lambda s: s.last_used) if frozen else None
+
     def release(self, slot: Slot) -> None:
         self._clock += 1
         slot.actor, slot.process, slot.watcher, slot.stopping = "", None, None, False
+        slot.frozen, slot.run_id, slot.snapshot = False, "", ""
         slot.last_used = self._clock
 
     @property
     def busy(self) -> int:
-        return sum(1 for s in self.slots if s.actor)
+        """Slots running an actor (frozen ones are not)."""
+        return sum(1 for s in self.slots if s.running)
+
+    @property
+    def can_freeze(self) -> bool:
+        return len(self.slots) > self.count
+
+    @property
+    def frozen(self) -> int:
+        return sum(1 for s in self.slots if s.frozen)

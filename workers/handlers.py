@@ -104,7 +104,7 @@ class JobHandlers:
         reason = None
         if session.get("state") != "running":
             reason = f"session is {session.get('state', 'new')}"
-        elif not idle_after_s or time.time() - last < idle_after_s:
+        elif (not idle_after_s and by is not SuspendedBy.PRESSURE) or time.time() - last < idle_after_s:
             reason = "session was active since the idle check"
         elif await ctx.peek_next_job() is not None:
             reason = "more work is queued"

@@ -25,7 +25,7 @@ GOLDEN_ENV = [{"name": "gold", "template": "golden-tpl"}, {"name": "default-env"
 
 
 async def test_a_file_survives_suspend_and_resume_in_another_slot(start_substrate: Start) -> None:
-    h = await start_substrate(slots=2)
+    h = await start_substrate(slots=2, frozen_max=0)  # the snapshot's path (frozen: test_substrate_frozen)
     await h.actor("a1")
     first = await h.client.resume_actor(ATESPACE, "a1")
     await h.bash(first, "mkdir -p d && echo hello > d/f.txt && ln -s /usr/bin/env d/link")

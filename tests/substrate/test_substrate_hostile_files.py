@@ -47,7 +47,8 @@ def _template(**limits: int) -> dict[str, object]:
 
 
 async def _start(start_substrate: Start, level: str, slots: int = 1, **limits: int) -> Harness:
-    h = await start_substrate(slots=slots, sandbox=level, templates=[_template(**limits)])
+    # Sandboxes are not kept frozen: these tests reuse a slot for the next actor.
+    h = await start_substrate(slots=slots, frozen_max=0, sandbox=level, templates=[_template(**limits)])
     assert h.server.level == level
     return h
 

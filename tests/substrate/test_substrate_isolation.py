@@ -32,7 +32,8 @@ ROOT = os.geteuid() == 0
 
 
 async def _two_actors(start_substrate: Start, level: str) -> tuple[Harness, Actor, Actor]:
-    h = await start_substrate(slots=2, sandbox=level, templates=[LIMITED])
+    # Not kept frozen: a suspend here must end every process of the sandbox.
+    h = await start_substrate(slots=2, frozen_max=0, sandbox=level, templates=[LIMITED])
     assert h.server.level == level
     await h.actor("a")
     await h.actor("b")
@@ -282,7 +283,7 @@ async def test_guest_code_socket_and_memory_are_out_of_reach(start_substrate: St
 
 
 async def test_a_stale_address_never_reaches_the_slots_next_actor(start_substrate: Start) -> None:
-    h = await start_substrate(slots=1)
+    h = await start_substrate(slots=1, frozen_max=0)  # the next actor in the same slot
     await h.actor("a")
     await h.actor("b")
     a = await h.client.resume_actor(ATESPACE, "a")

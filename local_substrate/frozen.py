@@ -1,0 +1,120 @@
+"""Frozen sandboxes: a suspended actor's processes kept stopped in memory, for a resume in place.
+
+Starting a sandbox and its guest is most of a resume's cost, in time and in CPU (the interpreter
+and the guest's imports), and with far more sessions than slots the fleet parks and resumes on
+nearly every call. So a suspend may keep the actor's sandbox as it is, every process stopped
+(SIGSTOP, which nothing in the sandbox can catch or undo: every process that could send SIGCONT
+is stopped too, and no other sandbox sees its pids), and a later resume of the same actor only
+continues them. A stopped sandbox uses no CPU and holds no slot; it holds its memory and its
+home (dirs and uid).
+
+The snapshot is still written at every suspend, while the tree is stopped (so nothing writes
+during it): it stays the durable copy, restored by a resume that finds no frozen sandbox (one
+evicted to make room, killed by the host, or lost with a server restart).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+#: Walks of the tree before giving up: each stops every process it finds, and a stopped process
+#: cannot fork, so a walk finds only what was forked before its parent stopped.
+MAX_ROUNDS = 64
+#: States of a process that runs no more code: stopped, traced, zombie, dead, or gone.
+STOPPED_STATES = frozenset({"T", "t", "Z", "X", ""})
+#: Pause while processes that were sent SIGSTOP have not stopped yet, and the longest wait.
+STOP_POLL_S = 0.0005
+STOP_TIMEOUT_S = 2.0
+
+
+def _children(pid: int) -> list[int]:
+    """Children of every thread of `pid` (a child belongs to the thread that forked it)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            out += [int(x) for x in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def tree(root: int) -> list[int]:
+    """`root` and every descendant, parents before children."""
+    seen = [root]
+    i = 0
+    while i < len(seen):
+        seen += [c for c in _children(seen[i]) if c not in seen]
+        i += 1
+    return seen
+
+
+def _signal(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (R, S, T, Z, ...), "" once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat[stat.rfind(")") + 2 : stat.rfind(")") + 3]
+
+
+def freeze(root: int) -> bool:
+    """SIGSTOP `root`'s whole tree, top down, until every process found has stopped and a last
+    walk finds no other. A process sent SIGSTOP runs no more user code, but a fork already inside
+    the kernel completes: only once all show stopped can the tree not grow. False when it kept
+    growing for MAX_ROUNDS walks or did not stop within STOP_TIMEOUT_S (kill it instead)."""
+    stopped: set[int] = set()
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for _ in range(MAX_ROUNDS):
+        fresh = [p for p in tree(root) if p not in stopped]
+        for pid in fresh:
+            _signal(pid, signal.SIGSTOP)
+            stopped.add(pid)
+        while any(_state(p) not in STOPPED_STATES for p in stopped):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(STOP_POLL_S)
+        if not fresh:
+            return True
+    return False
+
+
+def thaw(root: int) -> None:
+    """SIGCONT `root`'s whole tree."""
+    for pid in tree(root):
+        _signal(pid, signal.SIGCONT)
+
+
+def tree_rss_bytes(root: int) -> int:
+    """Resident memory of `root`'s tree (shared pages counted in each process: an upper bound)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = 0
+    for pid in tree(root):
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def mem_available_bytes() -> int:
+    """The kernel's estimate of memory available for new work (MemAvailable)."""
+    with open("/proc/meminfo", "rb") as f:
+        for line in f:
+            if line.startswith(b"MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0

@@ -1,0 +1,206 @@
+"""Frozen sandboxes (local_substrate/frozen.py), through real gRPC, real sandboxes and guests:
+a suspend keeps the actor's sandbox stopped and frees its worker; the next resume continues the
+same processes; a frozen sandbox evicted for another actor is killed and its actor comes back
+from its snapshot; and what a tenant does to dodge the freeze (fork storms, processes started in
+a new session, SIGCONT from inside) does not keep anything running."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from common.guest_client import GuestClient, GuestUnavailable
+from common.routing import LocalGuestRouter
+from common.substrate import Actor, ActorStatus
+from local_substrate import frozen
+from tests.conftest import SANDBOX_LEVELS
+from tests.substrate.conftest import ATESPACE, Harness, Start
+
+pytestmark = pytest.mark.non_root
+
+
+async def _start(start_substrate: Start, level: str, slots: int = 1, frozen_max: int = 2) -> Harness:
+    h = await start_substrate(slots=slots, frozen_max=frozen_max, sandbox=level)
+    assert h.server.level == level
+    return h
+
+
+def _states(root: int) -> set[str]:
+    return {frozen._state(p) for p in frozen.tree(root)}
+
+
+def _sandbox_pid(h: Harness, actor: str) -> int:
+    control = h.server.control
+    assert control is not None
+    slot = next(s for s in control.slots.slots if s.actor == actor)
+    assert slot.process is not None
+    return slot.process.pid
+
+
+async def _resume_running(h: Harness, name: str) -> Actor:
+    actor = await h.client.resume_actor(ATESPACE, name)
+    assert actor.status is ActorStatus.RUNNING
+    return actor
+
+
+@pytest.mark.parametrize("level", SANDBOX_LEVELS)
+async def test_a_suspended_actor_continues_its_own_processes(start_substrate: Start, level: str) -> None:
+    # given one worker and an actor with a file and a background process
+    h = await _start(start_substrate, level)
+    await h.actor("fz-a")
+    a = await _resume_running(h, "fz-a")
+    started = await h.bash(a, "echo kept > f; (sleep 300 & echo $! > bg.pid); cat bg.pid")
+    bg = started["output"].strip()
+    pid = _sandbox_pid(h, "fz-a")
+
+    # when it is suspended
+    assert (await h.client.suspend_actor(ATESPACE, "fz-a")).status is ActorStatus.SUSPENDED
+
+    # then every process of its sandbox is stopped and the worker is free for another actor
+    assert _states(pid) <= frozen.STOPPED_STATES
+    workers = await h.client.list_workers()
+    assert len(workers) == 1 and not workers[0].actor_id
+    await h.actor("fz-b")
+    b = await _resume_running(h, "fz-b")
+    assert (await h.bash(b, "echo b"))["output"] == "b\n"
+    await h.client.suspend_actor(ATESPACE, "fz-b")
+
+    # when it is resumed, then the same sandbox runs on, background process and files included
+    a = await _resume_running(h, "fz-a")
+    assert _sandbox_pid(h, "fz-a") == pid
+    assert not (_states(pid) & {"T", "t"})
+    out = await h.bash(a, f"cat f; kill -0 {bg} && echo alive")
+    assert out["output"] == "kept\nalive\n"
+
+
+@pytest.mark.parametrize("level", SANDBOX_LEVELS)
+async def test_an_evicted_frozen_actor_comes_back_from_its_snapshot(
+    start_substrate: Start, level: str
+) -> None:
+    # given one worker and room for one frozen sandbox more (two slots in all), and two actors
+    # resumed after a's suspend
+    h = await _start(start_substrate, level, frozen_max=1)
+    await h.actor("ev-a")
+    a = await _resume_running(h, "ev-a")
+    await h.bash(a, "echo saved > f")
+    pid = _sandbox_pid(h, "ev-a")
+    await h.client.suspend_actor(ATESPACE, "ev-a")
+    for other in ("ev-b", "ev-c"):  # b takes the empty slot; c needs a's
+        await h.actor(other)
+        await _resume_running(h, other)
+        await h.client.suspend_actor(ATESPACE, other)
+
+    # then a's processes are gone, and its resume restores its files into a new sandbox
+    assert not Path(f"/proc/{pid}").exists()
+    a = await _resume_running(h, "ev-a")
+    assert _sandbox_pid(h, "ev-a") != pid
+    assert (await h.bash(a, "cat f"))["output"] == "saved\n"
+
+
+@pytest.mark.parametrize("level", SANDBOX_LEVELS)
+async def test_a_tenant_cannot_keep_running_while_frozen(start_substrate: Start, level: str) -> None:
+    # given a tenant with a process in a new session that counts, one that keeps forking, and one
+    # that sends SIGCONT to every process it can see
+    h = await _start(start_substrate, level)
+    await h.actor("fz-t")
+    a = await _resume_running(h, "fz-t")
+    await h.bash(a, (
+        "setsid sh -c 'while :; do date +%s%N >> tick; sleep 0.05; done' >/dev/null 2>&1 < /dev/null & "
+        "(while :; do sleep 0.01 & wait; done) >/dev/null 2>&1 < /dev/null & "
+        "(while :; do kill -CONT -1 2>/dev/null; sleep 0.01; done) >/dev/null 2>&1 < /dev/null & "
+        "sleep 0.3; echo started"
+    ))  # fmt: skip
+    pid = _sandbox_pid(h, "fz-t")
+    control = h.server.control
+    assert control is not None
+    workspace = next(s for s in control.slots.slots if s.actor == "fz-t").dirs.workspace
+
+    # when it is suspended, then nothing of it runs: the tick file stops growing
+    await h.client.suspend_actor(ATESPACE, "fz-t")
+    ticks = (workspace / "tick").read_text()
+    await asyncio.sleep(0.5)
+    assert (workspace / "tick").read_text() == ticks
+    assert _states(pid) <= frozen.STOPPED_STATES
+
+    # and when resumed, it runs on
+    await _resume_running(h, "fz-t")
+    deadline = time.monotonic() + 10
+    while (workspace / "tick").read_text() == ticks:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("level", SANDBOX_LEVELS)
+async def test_a_frozen_sandbox_that_dies_frees_its_slot(start_substrate: Start, level: str) -> None:
+    # given a frozen actor whose sandbox the host kills (the OOM killer, an operator)
+    h = await _start(start_substrate, level)
+    await h.actor("fz-k")
+    a = await _resume_running(h, "fz-k")
+    await h.bash(a, "echo saved > f")
+    pid = _sandbox_pid(h, "fz-k")
+    await h.client.suspend_actor(ATESPACE, "fz-k")
+    for p in reversed(frozen.tree(pid)):
+        os.kill(p, 9)
+
+    # then its slot is freed and its resume restores the snapshot in a new sandbox
+    control = h.server.control
+    assert control is not None
+    deadline = time.monotonic() + 10
+    while control.slots.frozen_of("fz-k") is not None:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    a = await _resume_running(h, "fz-k")
+    assert (await h.bash(a, "cat f"))["output"] == "saved\n"
+
+
+async def test_freezing_off_stops_the_sandbox_at_suspend(start_substrate: Start) -> None:
+    h = await start_substrate(slots=1, frozen_max=0, sandbox="none")
+    await h.actor("fz-off")
+    a = await _resume_running(h, "fz-off")
+    await h.bash(a, "echo saved > f")
+    pid = _sandbox_pid(h, "fz-off")
+    await h.client.suspend_actor(ATESPACE, "fz-off")
+    assert not Path(f"/proc/{pid}").exists() or frozen._state(pid) in {"Z", "X", ""}
+    a = await _resume_running(h, "fz-off")
+    assert (await h.bash(a, "cat f"))["output"] == "saved\n"
+
+
+async def test_a_sandbox_whose_snapshot_dropped_files_is_not_kept(start_substrate: Start) -> None:
+    # given a tenant with a fifo in its workspace (a snapshot drops special files)
+    h = await start_substrate(slots=1, frozen_max=2, sandbox="none")
+    await h.actor("fz-fifo")
+    a = await _resume_running(h, "fz-fifo")
+    await h.bash(a, "mkfifo pipe; echo saved > f")
+    pid = _sandbox_pid(h, "fz-fifo")
+
+    # when it is suspended, then the drop is reported and the sandbox is not kept frozen
+    suspended = await h.client.suspend_actor(ATESPACE, "fz-fifo")
+    assert suspended.dropped_count == 1
+    control = h.server.control
+    assert control is not None and control.slots.frozen_of("fz-fifo") is None
+    assert not Path(f"/proc/{pid}").exists() or frozen._state(pid) in {"Z", "X", ""}
+
+    # and its resume has exactly what the snapshot kept
+    a = await _resume_running(h, "fz-fifo")
+    assert (await h.bash(a, "ls"))["output"] == "f\n"
+
+
+async def test_an_address_from_before_the_suspend_does_not_reach_the_thawed_guest(
+    start_substrate: Start,
+) -> None:
+    h = await start_substrate(slots=1, frozen_max=1, sandbox="none")
+    await h.actor("fz-addr")
+    before = await _resume_running(h, "fz-addr")
+    stale = await LocalGuestRouter(h.config).address(before)
+    await h.client.suspend_actor(ATESPACE, "fz-addr")
+    after = await _resume_running(h, "fz-addr")
+    assert after.pod_name == before.pod_name and after.pod_uid != before.pod_uid
+    async with GuestClient(stale, actor="fz-addr") as guest:
+        with pytest.raises(GuestUnavailable):
+            await guest.run(uuid.uuid4().hex, "bash", {"command": "touch from-stale"})
+    assert (await h.bash(after, "ls"))["output"] == ""
