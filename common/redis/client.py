@@ -102,12 +102,6 @@ class RedisClient:
     async def publish(self, channel: str, message: RedisArg) -> int:
         return int(await self.link.execute("PUBLISH", channel, message))
 
-    async def script_load(self, source: str) -> str:
-        return bytes(await self.link.execute("SCRIPT", "LOAD", source)).decode()
-
-    async def evalsha(self, sha: str, keys: Sequence[str], args: Sequence[RedisArg]) -> Any:
-        return await self.link.execute("EVALSHA", sha, len(keys), *keys, *args)
-
     async def scan(self, cursor: int = 0, match: str | None = None, count: int | None = None
                    ) -> tuple[int, list[bytes]]:
         reply = await self.link.execute("SCAN", cursor, *_opt("MATCH", match), *_opt("COUNT", count))

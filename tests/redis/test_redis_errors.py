@@ -68,7 +68,7 @@ Call = Callable[[Any], Awaitable[Any]]
 
 #: Errors a real server gives on demand: (name, redis-py call, the same with the fleet's client).
 PROVOKED: list[tuple[str, Call, Call]] = [
-    ("noscript", lambda r: r.evalsha("0" * 40, 0), lambda c: c.evalsha("0" * 40, (), ())),
+    ("noscript", lambda r: r.evalsha("0" * 40, 0), lambda c: c.execute("EVALSHA", "0" * 40, 0)),
     ("wrongtype", lambda r: r.hgetall("a-string"), lambda c: c.hgetall("a-string")),
     ("syntax", lambda r: r.xrange("stream", min="not-an-id"), lambda c: c.xrange("stream", min="not-an-id")),
     ("unknown", lambda r: r.execute_command("NOPE"), lambda c: c.execute("NOPE")),
