@@ -4,6 +4,11 @@ Measures resume and suspend latency (p50/p99) for 1 MB and 50 MB workspaces, the
 a template (golden-snapshot bake), and sessions cycled per second (resume, one command, suspend)
 through N slots. Targets: warm resume p50 <= 150 ms and suspend p50 <= 250 ms at 1 MB.
 
+Twice, in one run: with sandboxes never kept frozen (`frozen_max: 0`: every resume restores the
+snapshot into a new sandbox; the figures without a prefix, comparable with earlier runs), then
+with the shipped `frozen_max` (a resume continues the frozen sandbox: `frozen_*` figures, cycles
+counted on each session's second round) and their ratio to the first.
+
 Run: .venv/bin/python bench/substrate.py [--slots 4] [--rounds 30] [--sessions 48] [--sandbox auto]
 """
 
@@ -84,7 +89,10 @@ async def cycle(config: Config, client: SubstrateClient, name: str) -> None:
     await client.suspend_actor(ATESPACE, name)
 
 
-async def throughput(config: Config, client: SubstrateClient, sessions: int, slots: int) -> float:
+async def throughput(
+    config: Config, client: SubstrateClient, sessions: int, slots: int, rounds: int
+) -> float:
+    """Sessions cycled per second in the last of `rounds` rounds over `sessions` actors."""
     names = [f"t{i}" for i in range(sessions)]
     for n in names:
         await client.create_actor(ATESPACE, n, TEMPLATE)
@@ -94,18 +102,22 @@ async def throughput(config: Config, client: SubstrateClient, sessions: int, slo
         async with gate:
             await cycle(config, client, n)
 
-    started = time.perf_counter()
-    await asyncio.gather(*(one(n) for n in names))
+    for _ in range(rounds):
+        started = time.perf_counter()
+        await asyncio.gather(*(one(n) for n in names))
     return sessions / (time.perf_counter() - started)
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
+async def run(args: argparse.Namespace, frozen: bool) -> dict[str, Any]:
     state = Path(tempfile.mkdtemp(prefix="lsbench-", dir="/tmp"))
     template = {"name": TEMPLATE, "setup": ["mkdir -p lib && head -c 65536 /dev/urandom > lib/seed.bin"]}
+    local: dict[str, Any] = {"slots": args.slots, "sandbox": args.sandbox, "templates": [template]}
+    if not frozen:
+        local["frozen_max"] = 0
     config = parse_config({
         "state_dir": str(state),
         "environments": [{"name": "bench", "template": TEMPLATE, "atespace": ATESPACE}],
-        "local_substrate": {"slots": args.slots, "sandbox": args.sandbox, "templates": [template]},
+        "local_substrate": local,
     })  # fmt: skip
     server = LocalSubstrate(config, "127.0.0.1:0")
     await server.start()
@@ -117,7 +129,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await client.suspend_actor(ATESPACE, "golden")
         small = await latency(config, client, "one-mb", 1, args.rounds)
         big = await latency(config, client, "fifty-mb", 50, max(5, args.rounds // 3))
-        per_s = await throughput(config, client, args.sessions, args.slots)
+        per_s = await throughput(config, client, args.sessions, args.slots, rounds=2 if frozen else 1)
     finally:
         await client.close()
         await server.stop()
@@ -144,7 +156,13 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--sessions", type=int, default=48)
     p.add_argument("--sandbox", default="auto", choices=["auto", "bwrap", "unshare", "none"])
-    figures = asyncio.run(run(p.parse_args()))
+    args = p.parse_args()
+    figures = asyncio.run(run(args, frozen=False))
+    frozen = asyncio.run(run(args, frozen=True))
+    for key in ("resume_p50_ms_1mb", "resume_p99_ms_1mb", "suspend_p50_ms_1mb", "suspend_p99_ms_1mb",
+                "resume_p50_ms_50mb", "suspend_p50_ms_50mb", "sessions_cycled_per_s"):
+        figures[f"frozen_{key}"] = frozen[key]
+        figures[f"frozen_{key}_ratio"] = round(frozen[key] / figures[key], 3) if figures[key] else None
     print(f"sandbox: {figures['sandbox']}, slots: {figures['slots']}")
     for size in ("1mb", "50mb"):
         f = {k.replace(f"_ms_{size}", ""): v for k, v in figures.items() if k.endswith(f"_ms_{size}")}
@@ -152,6 +170,9 @@ def main() -> None:
               f" suspend p50 {f['suspend_p50']} ms, p99 {f['suspend_p99']} ms")  # fmt: skip
     print(f"golden first resume: {figures['golden_first_resume_ms']} ms")
     print(f"sessions cycled: {figures['sessions_cycled_per_s']}/s")
+    f = {k.removeprefix("frozen_"): v for k, v in figures.items() if k.startswith("frozen_")}
+    print(f"frozen: resume p50 {f['resume_p50_ms_1mb']} ms (1 MB), {f['resume_p50_ms_50mb']} ms (50 MB);"
+          f" suspend p50 {f['suspend_p50_ms_1mb']} ms; cycled {f['sessions_cycled_per_s']}/s")  # fmt: skip
     print(json.dumps(figures))
 
 
