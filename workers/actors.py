@@ -9,6 +9,7 @@ one incarnation (routing.py) and the guest's identity check is the second guard.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -103,6 +104,8 @@ class ActorKeeper:
         self._waiting = 0
         #: Set (and replaced) whenever this worker finishes a suspend: a Substrate worker is free.
         self._freed = asyncio.Event()
+        #: Waiting session → set when the park it asked for ended here (see `park_ended`).
+        self._parks_for: dict[str, asyncio.Event] = {}
         #: Guests of recently served sessions, least recently used first (bounded, see _remember).
         self._guests: OrderedDict[str, RunningGuest] = OrderedDict()
         self._max_cached = max(64, config.workers.concurrency * 4)
@@ -258,6 +261,9 @@ class ActorKeeper:
         since_ms = int((ctx.job.created_at or time.time()) * 1000)
         deadline = time.monotonic() + self.config.workers.capacity_wait_s
         waiting = await self.capacity.waiting() > 0 and self._wait_begins()
+        # Set when the park this resume asked for ends: the worker it freed is its to take, so it
+        # asks at once whatever its place (the park was its share of the queue's parks).
+        parked = self._parks_for.setdefault(session, asyncio.Event())
         try:
             while True:
                 if ctx.cancel_requested:
@@ -265,7 +271,8 @@ class ActorKeeper:
                 turn = await self.capacity.turn(session, since_ms) if waiting else None
                 if turn is not None and turn.park is not None:
                     await self._request_park(ctx, turn.park)
-                if turn is None or turn.admitted:
+                if turn is None or turn.admitted or parked.is_set():
+                    parked.clear()
                     try:
                         return await self.substrate.resume_actor(atespace, name)
                     except NoFreeWorkers:
@@ -274,21 +281,31 @@ class ActorKeeper:
                             continue
                 if time.monotonic() > deadline:
                     raise self._no_capacity(ctx, turn)
-                await self._pause(turn)
+                await self._pause(turn, parked)
         finally:
+            self._parks_for.pop(session, None)
             if waiting:
                 self._wait_ends()
                 await self.capacity.leave(session)
 
-    async def _pause(self, turn: Turn | None) -> None:
+    def park_ended(self, for_session: str) -> None:
+        """A park asked for by `for_session`'s waiting resume ended (done or skipped)."""
+        event = self._parks_for.get(for_session)
+        if event is not None:
+            event.set()
+
+    async def _pause(self, turn: Turn | None, parked: asyncio.Event) -> None:
         if turn is not None and not turn.admitted:
-            await asyncio.sleep(_poll_s(turn))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(parked.wait(), _poll_s(turn))
             return
-        try:
-            await asyncio.wait_for(self._freed.wait(), ADMITTED_RETRY_S)
-        except TimeoutError:
-            return
-        await asyncio.sleep((turn.rank if turn is not None else 0) * ADMITTED_STAGGER_S)
+        freed, mine = asyncio.ensure_future(self._freed.wait()), asyncio.ensure_future(parked.wait())
+        done, pending = await asyncio.wait((freed, mine), timeout=ADMITTED_RETRY_S,
+                                           return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        if freed in done and mine not in done:
+            await asyncio.sleep((turn.rank if turn is not None else 0) * ADMITTED_STAGGER_S)
 
     def _worker_freed(self) -> None:
         self._freed.set()
