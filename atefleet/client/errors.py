@@ -32,6 +32,7 @@
         ├── UnavailableError                unavailable, substrate_configuration, retries_exhausted
         │   └── NoCapacityError             no_capacity
         └── SnapshotRefusedError            snapshot_refused
+            └── WorkspaceOverQuotaError     workspace_over_quota
 
 A problem's class is found by the last segment of its `type` (so `.../problems/job_expired`, a
 `job-expired` spelling and a `urn:...:job_expired` all map); an unknown type falls back to the
@@ -194,6 +195,12 @@ class NoCapacityError(UnavailableError):
 
 class SnapshotRefusedError(ProblemError):
     SLUGS, STATUS = ("snapshot_refused",), 507
+
+
+# A subclass, so the 507 fallback for an unknown slug stays SnapshotRefusedError: both say the
+# session's files are over its template's snapshot limits (this one: stopped by the disk guard).
+class WorkspaceOverQuotaError(SnapshotRefusedError):
+    SLUGS = ("workspace_over_quota",)
 
 
 def _all_subclasses(cls: type[ProblemError]) -> list[type[ProblemError]]:
