@@ -115,6 +115,9 @@ class Throughput:
     redis_cpu_us_per_job: float
     #: Redis's CPU seconds per second of the run: near 1.0, its command thread was the limit.
     redis_busy: float
+    #: The worker processes' CPU (user + sys, all of them) over the run, per job: the client
+    #: side's cost, steadier than throughput on a shared machine.
+    worker_cpu_us_per_job: float
 
     @property
     def ceiling_jobs_per_s(self) -> float:
@@ -132,7 +135,7 @@ async def ours_throughput(
     procs = spawn("ours", url, workers)
     try:
         await wait_until(lambda: _consumers_ready(redis, workers))
-        cpu_before = await _redis_cpu_s(redis)
+        cpu_before, workers_before = await _redis_cpu_s(redis), _processes_cpu_s(procs)
         started = time.perf_counter()
         for i in range(jobs_per_session):
             await queue.enqueue_batch(
@@ -141,11 +144,21 @@ async def ours_throughput(
         await wait_until(lambda: _zero(redis.zcard("af:work")))
         elapsed = time.perf_counter() - started
         cpu_s = await _redis_cpu_s(redis) - cpu_before
+        workers_s = _processes_cpu_s(procs) - workers_before
     finally:
         stop(procs)
         await queue.redis.aclose()
     jobs = SESSIONS * jobs_per_session
-    return Throughput(jobs / elapsed, cpu_s / jobs * 1e6, cpu_s / elapsed)
+    return Throughput(jobs / elapsed, cpu_s / jobs * 1e6, cpu_s / elapsed, workers_s / jobs * 1e6)
+
+
+def _processes_cpu_s(procs: list[subprocess.Popen[bytes]]) -> float:
+    """CPU seconds (user + sys) the processes have used so far, from /proc/<pid>/stat."""
+    total = 0
+    for proc in procs:
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 async def _redis_cpu_s(redis: aioredis.Redis) -> float:
@@ -274,8 +287,10 @@ async def ours_runs(
         figures[f"noop_jobs_per_s_{n}w"] = run.jobs_per_s
         figures[f"redis_cpu_us_per_job_{n}w"] = run.redis_cpu_us_per_job
         figures[f"redis_busy_{n}w"] = run.redis_busy
+        figures[f"worker_cpu_us_per_job_{n}w"] = run.worker_cpu_us_per_job
         print(f"ours, {n} worker process(es): {run.jobs_per_s:8.0f} no-op jobs/s; Redis CPU "
-              f"{run.redis_cpu_us_per_job:.1f} µs/job, busy {run.redis_busy:.2f} of a core")
+              f"{run.redis_cpu_us_per_job:.1f} µs/job, busy {run.redis_busy:.2f} of a core; workers' CPU "
+              f"{run.worker_cpu_us_per_job:.1f} µs/job")
     busiest = max(runs, key=lambda n: runs[n].redis_busy)
     figures["primary_ceiling_jobs_per_s"] = runs[busiest].ceiling_jobs_per_s
     print(f"one Redis primary's ceiling: 1 CPU-s / {runs[busiest].redis_cpu_us_per_job:.1f} µs per job = "
