@@ -53,12 +53,13 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, float]:
     await server.start()
     try:
         assert server.disk_guard is not None and server.control is not None
-        guard, slots = server.disk_guard, server.control.slots.slots
+        guard, slots = server.disk_guard, server.control.slots.slots[: args.slots]
         cpu = time.process_time()
         for _ in range(CHECKS):
             await guard.check()
         check_us = (time.process_time() - cpu) / CHECKS * 1e6
         for slot in slots:
+            slot.dirs.prepare()  # as a resume leaves it (a slot never used has no dirs yet)
             fill(slot.dirs.workspace, args.files, args.dirs, args.mb)
         limits = SnapshotLimits.of(config.template("bench").limits)
         walls, cpus = [], []
