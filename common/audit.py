@@ -94,16 +94,31 @@ class AuditLog:
     def note_call(self, principal: str, environment: str, session_id: str, op: str, job_id: str) -> None:
         """The JSON line of an accepted call (its stream record was written by the enqueue script)."""
         if self._sink is not None:
-            self._write_line({"ev": "call", "pr": principal, "env": environment, "sid": session_id,
-                              "op": op, "job": job_id}, time.time())
+            self._write_line(
+                {
+                    "ev": "call",
+                    "pr": principal,
+                    "env": environment,
+                    "sid": session_id,
+                    "op": op,
+                    "job": job_id,
+                },
+                time.time(),
+            )
 
     def _write_line(self, values: Mapping[str, str], at_s: float) -> None:
         if self._sink is not None:
             self._sink.write(json.dumps({"t": round(at_s, 3), **values}, separators=(",", ":")) + "\n")
 
     async def read(
-        self, *, principal: str = "", session: str = "", since_ms: int = 0, until_ms: int = 0,
-        cursor: str = "", limit: int = 100,
+        self,
+        *,
+        principal: str = "",
+        session: str = "",
+        since_ms: int = 0,
+        until_ms: int = 0,
+        cursor: str = "",
+        limit: int = 100,
     ) -> tuple[list[AuditRecord], str | None]:
         """Records oldest first, filtered; (page, cursor to pass for the next page, or None)."""
         low = f"({cursor}" if cursor else (str(since_ms) if since_ms else "-")
@@ -119,7 +134,8 @@ class AuditLog:
                 low = f"({_text(entry_id)}"
                 record = _record(_text(entry_id), raw)
                 if (not principal or record.get("pr") == principal) and (
-                        not session or record.get("sid") == session):
+                    not session or record.get("sid") == session
+                ):
                     page.append(record)
                     if len(page) == limit:
                         break
