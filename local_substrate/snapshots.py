@@ -26,7 +26,7 @@ import os
 import stat
 import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -119,7 +119,7 @@ class _Tally:
         self.bytes = 0
         self.entries = 0
 
-    def entries_of(self, part: str, src: Path) -> Iterator[Entry]:
+    def entries_of(self, part: str, src: Path) -> Generator[Entry, None, None]:
         """Each entry under `src` (the caller closes the iterator: it holds the walk's fds)."""
         left = self.limits.max_entries - self.entries
         try:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 #: Open flags for a dir we descend into.
@@ -107,7 +107,7 @@ def _descend(name: str, fd: int, st: os.stat_result) -> int | None:
     return child
 
 
-def walk(root: str, max_entries: int) -> Iterator[Entry]:
+def walk(root: str, max_entries: int) -> Generator[Entry, None, None]:
     """Every name under `root`, parents before children; TreeTooLarge past `max_entries`.
 
     A dir's own entry comes first; the walk then descends into it. A caller that must not go
