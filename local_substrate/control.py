@@ -53,9 +53,15 @@ from local_substrate.layout import Layout
 from local_substrate.slots import Slot, SlotPool
 from local_substrate.snapshots import HOST_ERRNOS, SnapshotLimits, SnapshotStore, restore_snapshot
 from local_substrate.store import ActorRecord, Status, Store
+from local_substrate.trees import MODES_CHANGED
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+#: Sandbox levels whose sandboxes can be kept frozen: those with a pid namespace, where every
+#: process of the tenant's stays in the tree that is stopped (and dies with the server). Without
+#: one (`none`), a process can leave the tree, and a stopped guest would outlive the server.
+FREEZABLE_LEVELS = frozenset({"bwrap", "unshare"})
 
 #: ListActors page size bounds (SUBSTRATE_CONTROL.md).
 DEFAULT_PAGE_SIZE = 1000
@@ -437,7 +443,12 @@ class Control:
         when freezing is off, memory is short (the least recently frozen sandbox is killed then),
         or the sandbox would not stop."""
         process = slot.process
-        if not self.slots.can_freeze or process is None or process.proc.returncode is not None:
+        if (
+            not self.slots.can_freeze
+            or self.level not in FREEZABLE_LEVELS
+            or process is None
+            or process.proc.returncode is not None
+        ):
             return False
         if frozen.mem_available_bytes() < self._frozen_min_available:
             victim = self.slots.oldest_frozen()
@@ -508,7 +519,7 @@ class Control:
         limits = SnapshotLimits.of(self.template(rec).limits)
         try:
             sources = slot.dirs.snapshot_sources()
-            dropped = await asyncio.to_thread(self.snapshots.write, path, sources, limits)
+            dropped, changed = await asyncio.to_thread(self._write_snapshot, path, sources, limits)
         except Exception as err:
             if kept:
                 await self._stop_process(slot, kill=True)
@@ -524,13 +535,25 @@ class Control:
             rec.evolve(status=target, slot="", run_id="", snapshot=str(path), dropped=tuple(dropped))
         )
         self.snapshots.prune(rec.uid, keep=rec.snapshot)
-        if kept and not dropped:
+        if kept and not dropped and not changed:
             self.slots.freeze(slot, run_id, str(path))
             return rec
-        if kept:  # what the snapshot dropped must be gone at the resume too, as it reported
+        if kept:  # the resume must find what the snapshot kept: not what it dropped or changed
             await self._stop_process(slot, kill=True)
         self.slots.release(slot)
         return rec
+
+    def _write_snapshot(
+        self, path: Path, sources: dict[str, Path], limits: SnapshotLimits
+    ) -> tuple[list[str], bool]:
+        """Write the snapshot: the special files it dropped, and whether it changed a mode in the
+        tree (a normal user's fleet gives itself read access to what the tenant made unreadable)."""
+        changed: list[str] = []
+        token = MODES_CHANGED.set(changed)
+        try:
+            return self.snapshots.write(path, sources, limits), bool(changed)
+        finally:
+            MODES_CHANGED.reset(token)
 
     async def _stop_process(self, slot: Slot, kill: bool = False) -> None:
         """Stop the slot's sandbox: SIGTERM and `stop_grace_s`, or at once with `kill`."""

@@ -75,7 +75,8 @@ def _state(pid: int) -> str:
 def freeze(root: int) -> bool:
     """SIGSTOP `root`'s whole tree, top down, until every process found has stopped and a last
     walk finds no other. A process sent SIGSTOP runs no more user code, but a fork already inside
-    the kernel completes: only once all show stopped can the tree not grow. False when it kept
+    the kernel completes, and one of the tree not stopped yet may SIGCONT another (it is stopped
+    again): only once all show stopped can the tree neither grow nor wake. False when it kept
     growing for MAX_ROUNDS walks or did not stop within STOP_TIMEOUT_S (kill it instead)."""
     stopped: set[int] = set()
     deadline = time.monotonic() + STOP_TIMEOUT_S
@@ -84,9 +85,11 @@ def freeze(root: int) -> bool:
         for pid in fresh:
             _signal(pid, signal.SIGSTOP)
             stopped.add(pid)
-        while any(_state(p) not in STOPPED_STATES for p in stopped):
+        while running := [p for p in stopped if _state(p) not in STOPPED_STATES]:
             if time.monotonic() > deadline:
                 return False
+            for pid in running:  # not stopped yet, or continued by a process not stopped yet
+                _signal(pid, signal.SIGSTOP)
             time.sleep(STOP_POLL_S)
         if not fresh:
             return True

@@ -21,6 +21,7 @@ import errno
 import os
 import stat
 from collections.abc import Callable, Generator
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 #: Open flags for a dir we descend into.
@@ -57,11 +58,25 @@ def open_dir(name: str, dir_fd: int | None) -> int:
         return os.open(name, DIR_FLAGS, dir_fd=dir_fd)
 
 
+#: Where `own_access` notes the names whose mode it changed, while set (a snapshot of a sandbox
+#: kept frozen: the tree it continues must be the tree it left).
+MODES_CHANGED: ContextVar[list[str] | None] = ContextVar("MODES_CHANGED", default=None)
+
+
 def own_access(name: str, dir_fd: int | None, bits: int) -> None:
-    """Add owner permission `bits` to `name` (a dir or regular file, known from its lstat)."""
-    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
-        os.chmod(name, stat.S_IMODE(st.st_mode) | bits, dir_fd=dir_fd)
+    """Add owner permission `bits` to `name` if it is a dir or regular file. The inode is pinned
+    first (O_PATH, not following a link) and changed through that fd: a tenant that swaps the
+    name for a link between the check and the change (a running sandbox's tree) changes nothing."""
+    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW, dir_fd=dir_fd)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
+            os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(st.st_mode) | bits)
+            changed = MODES_CHANGED.get()
+            if changed is not None:
+                changed.append(name)
+    finally:
+        os.close(fd)
 
 
 def _names(fd: int, limit: int) -> list[str]:

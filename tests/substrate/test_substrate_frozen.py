@@ -120,8 +120,9 @@ async def test_a_tenant_cannot_keep_running_while_frozen(start_substrate: Start,
     assert control is not None
     workspace = next(s for s in control.slots.slots if s.actor == "fz-t").dirs.workspace
 
-    # when it is suspended, then nothing of it runs: the tick file stops growing
+    # when it is suspended, then it is kept frozen and nothing of it runs: the ticks stop
     await h.client.suspend_actor(ATESPACE, "fz-t")
+    assert control.slots.frozen_of("fz-t") is not None
     ticks = (workspace / "tick").read_text()
     await asyncio.sleep(0.5)
     assert (workspace / "tick").read_text() == ticks
@@ -158,8 +159,12 @@ async def test_a_frozen_sandbox_that_dies_frees_its_slot(start_substrate: Start,
     assert (await h.bash(a, "cat f"))["output"] == "saved\n"
 
 
-async def test_freezing_off_stops_the_sandbox_at_suspend(start_substrate: Start) -> None:
-    h = await start_substrate(slots=1, frozen_max=0, sandbox="none")
+@pytest.mark.parametrize("frozen_max", [0, 2])
+async def test_without_freezing_or_a_pid_namespace_a_suspend_stops_the_sandbox(
+    start_substrate: Start, frozen_max: int
+) -> None:
+    # frozen_max 0: freezing off; at level none a process could leave the tree and outlive the server
+    h = await start_substrate(slots=1, frozen_max=frozen_max, sandbox="none")
     await h.actor("fz-off")
     a = await _resume_running(h, "fz-off")
     await h.bash(a, "echo saved > f")
@@ -170,9 +175,12 @@ async def test_freezing_off_stops_the_sandbox_at_suspend(start_substrate: Start)
     assert (await h.bash(a, "cat f"))["output"] == "saved\n"
 
 
-async def test_a_sandbox_whose_snapshot_dropped_files_is_not_kept(start_substrate: Start) -> None:
+@pytest.mark.parametrize("level", SANDBOX_LEVELS)
+async def test_a_sandbox_whose_snapshot_dropped_files_is_not_kept(
+    start_substrate: Start, level: str
+) -> None:
     # given a tenant with a fifo in its workspace (a snapshot drops special files)
-    h = await start_substrate(slots=1, frozen_max=2, sandbox="none")
+    h = await _start(start_substrate, level)
     await h.actor("fz-fifo")
     a = await _resume_running(h, "fz-fifo")
     await h.bash(a, "mkfifo pipe; echo saved > f")
@@ -190,10 +198,11 @@ async def test_a_sandbox_whose_snapshot_dropped_files_is_not_kept(start_substrat
     assert (await h.bash(a, "ls"))["output"] == "f\n"
 
 
+@pytest.mark.parametrize("level", SANDBOX_LEVELS)
 async def test_an_address_from_before_the_suspend_does_not_reach_the_thawed_guest(
-    start_substrate: Start,
+    start_substrate: Start, level: str
 ) -> None:
-    h = await start_substrate(slots=1, frozen_max=1, sandbox="none")
+    h = await _start(start_substrate, level)
     await h.actor("fz-addr")
     before = await _resume_running(h, "fz-addr")
     stale = await LocalGuestRouter(h.config).address(before)
@@ -204,3 +213,18 @@ async def test_an_address_from_before_the_suspend_does_not_reach_the_thawed_gues
         with pytest.raises(GuestUnavailable):
             await guest.run(uuid.uuid4().hex, "bash", {"command": "touch from-stale"})
     assert (await h.bash(after, "ls"))["output"] == ""
+
+
+@pytest.mark.parametrize("level", SANDBOX_LEVELS)
+async def test_modes_the_tenant_set_are_what_it_resumes_with(start_substrate: Start, level: str) -> None:
+    # given a tenant's unreadable dir and file (a fleet run as a normal user must give itself
+    # read access to snapshot them: then the sandbox is not kept, the snapshot restores the modes)
+    h = await _start(start_substrate, level)
+    await h.actor("fz-modes")
+    a = await _resume_running(h, "fz-modes")
+    await h.bash(a, "mkdir locked && echo in > locked/f && echo s > closed && chmod 000 locked closed")
+    await h.client.suspend_actor(ATESPACE, "fz-modes")
+
+    # when it resumes, then both are as it left them
+    a = await _resume_running(h, "fz-modes")
+    assert (await h.bash(a, "stat -c '%n %a' locked closed"))["output"] == "locked 0\nclosed 0\n"
