@@ -432,10 +432,22 @@ class Control:
         slot.watcher = asyncio.create_task(self._watch(slot, rec))
         return rec
 
-    async def _evict(self, slot: Slot) -> None:
+    async def evict_frozen(self) -> None:
+        """Kill every frozen sandbox and delete its slot's files (their actors resume from their
+        snapshots): the disk guard's first step while the disk is low."""
+        for slot in self.slots.slots:
+            if slot.frozen and not slot.stopping:  # checked at each: a resume may have thawed it
+                await self._evict(slot, delete_files=True)
+
+    async def _evict(self, slot: Slot, delete_files: bool = False) -> None:
         """Kill a frozen sandbox (its actor's snapshot is written) and empty its slot."""
         slot.stopping = True  # from now on no resume continues it, nor picks it again
         await self._stop_process(slot, kill=True)
+        if delete_files:  # while the slot is still held: no resume restores into it meanwhile
+            try:
+                await asyncio.to_thread(slot.dirs.reset)
+            except OSError as err:
+                log.error("slot %s: deleting a frozen sandbox's files failed (%s)", slot.name, err)
         self.slots.release(slot)
 
     async def _freeze(self, slot: Slot) -> bool:

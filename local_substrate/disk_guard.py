@@ -95,6 +95,8 @@ class DiskGuard:
             self._unmeasured.clear()
             return
         self.stats.low += 1
+        # Frozen sandboxes' files are a second copy of their snapshots: the first space to free.
+        await self._control.evict_frozen()
         running = self._control.running()
         # Counts of runs no longer running go: a run id is never reused.
         self._unmeasured = {rec.run_id: self._unmeasured.get(rec.run_id, 0) for _, rec in running}

@@ -228,3 +228,28 @@ async def test_modes_the_tenant_set_are_what_it_resumes_with(start_substrate: St
     # when it resumes, then both are as it left them
     a = await _resume_running(h, "fz-modes")
     assert (await h.bash(a, "stat -c '%n %a' locked closed"))["output"] == "locked 0\nclosed 0\n"
+
+
+@pytest.mark.parametrize("level", SANDBOX_LEVELS)
+async def test_a_low_disk_first_frees_the_files_of_frozen_sandboxes(
+    start_substrate: Start, level: str
+) -> None:
+    # given a frozen actor, and a disk guard that finds the disk low (a reserve above any free space)
+    h = await start_substrate(slots=1, frozen_max=2, sandbox=level, disk_reserve_mb=1 << 30,
+                              disk_check_period_s=0.1)  # fmt: skip
+    await h.actor("fz-disk")
+    a = await _resume_running(h, "fz-disk")
+    await h.bash(a, "echo saved > f")
+    control = h.server.control
+    assert control is not None
+    await h.client.suspend_actor(ATESPACE, "fz-disk")
+
+    # then the frozen sandbox is killed and its slot's files deleted, and the actor resumes from
+    # its snapshot
+    deadline = time.monotonic() + 10
+    while control.slots.frozen_of("fz-disk") is not None:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    assert not any(s.dirs.workspace.joinpath("f").exists() for s in control.slots.slots if not s.actor)
+    a = await _resume_running(h, "fz-disk")
+    assert (await h.bash(a, "cat f"))["output"] == "saved\n"
