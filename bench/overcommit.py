@@ -54,6 +54,11 @@ class Figures:
     out_of_order: int = 0
     call_ms: list[float] = field(default_factory=list)
     wake_ms: list[float] = field(default_factory=list)
+    #: (perf_counter when the call began, its ms): to separate the calls after the start-up.
+    calls: list[tuple[float, float]] = field(default_factory=list)
+    #: The explicit first resumes: ms each took, and when the last one ended.
+    resume_ms: list[float] = field(default_factory=list)
+    resumed_by: float = 0.0
     failures: list[str] = field(default_factory=list)
 
 
@@ -95,7 +100,10 @@ def step(i: int, written: str) -> tuple[dict[str, Any], str, str]:
 async def agent(client: httpx.AsyncClient, sid: str, calls: int, figures: Figures,
                 rng: random.Random) -> None:
     base = f"/v1/environments/{ENV}/sessions/{sid}"
+    began = time.perf_counter()
     r = await client.post(f"{base}/resume")
+    figures.resume_ms.append((time.perf_counter() - began) * 1000)
+    figures.resumed_by = max(figures.resumed_by, time.perf_counter())
     if r.status_code != 200:
         figures.failed += calls
         figures.failures.append(f"resume {sid}: {r.status_code} {r.text[:200]}")
@@ -114,6 +122,7 @@ async def agent(client: httpx.AsyncClient, sid: str, calls: int, figures: Figure
             continue
         figures.ok += 1
         figures.call_ms.append(took_ms)
+        figures.calls.append((began, took_ms))
         if parked:
             figures.wake_ms.append(took_ms)
         output = r.json().get("output", "")
@@ -139,6 +148,7 @@ async def run(fleet: RunningFleet, sessions: int, calls: int, seed: int) -> dict
                                      random.Random(rng.random())) for _ in range(sessions)))
         elapsed = time.perf_counter() - began
         capacity = (await client.get("/v1/capacity")).json()
+    after = [ms for at, ms in figures.calls if at >= figures.resumed_by]
     for line in figures.failures[:20]:
         print("  !", line)
     print(f"capacity after the run: {json.dumps(capacity)}")
@@ -153,6 +163,13 @@ async def run(fleet: RunningFleet, sessions: int, calls: int, seed: int) -> dict
         "overcommit_wakes": len(figures.wake_ms),
         "overcommit_parks": parks_total(fleet),
         "overcommit_calls_per_s": round(figures.ok / elapsed, 1),
+        # The first resumes are cold (a new sandbox and guest each, 200 at once): calls queue
+        # behind them first come first served. After the last one, what parking alone costs.
+        "overcommit_first_resume_p50_ms": pct(figures.resume_ms, 0.5),
+        "overcommit_first_resumes_s": round(max(figures.resume_ms, default=0) / 1000, 1),
+        "overcommit_call_p50_ms_after_start": pct(after, 0.5),
+        "overcommit_call_p99_ms_after_start": pct(after, 0.99),
+        "overcommit_calls_after_start": len(after),
         "overcommit_elapsed_s": round(elapsed, 1),
     }
 
