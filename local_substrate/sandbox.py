@@ -66,6 +66,8 @@ ETC_GENERATED = ("passwd", "group")
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 #: The whole environment the launcher (bwrap, unshare) runs with: pid 1 of a sandbox shows it.
 LAUNCH_ENV = {"PATH": SANDBOX_PATH, "LANG": "C.UTF-8"}
+#: oom_score_adj of every sandbox process: the highest, so the OOM killer takes them first.
+OOM_SCORE_ADJ = 1000
 #: /dev/shm is a tmpfs of this share of the template's memory_mb, so shared memory is bounded
 #: even where no memory cgroup counts it.
 SHM_SHARE = 4
@@ -352,12 +354,14 @@ def argv_for(level: str, spec: SandboxSpec, command: list[str]) -> list[str]:
     return none_argv(spec, command)
 
 
-def _with_cgroup(spec: SandboxSpec, argv: list[str]) -> list[str]:
-    """Join the slot cgroup before exec, so no process of the sandbox ever runs outside it."""
-    if spec.cgroup is None:
-        return argv
-    joins = " && ".join(f"echo $$ > {shlex.quote(p)}" for p in spec.cgroup.procs_files)
-    return ["sh", "-c", f'{joins} && exec "$@"', "sh", *argv]
+def _launcher(spec: SandboxSpec, argv: list[str]) -> list[str]:
+    """Join the slot cgroup before exec, so no process of the sandbox ever runs outside it; and
+    make the sandbox the OOM killer's first choice (inherited; lowering it needs a privilege the
+    tenant lacks), before any fleet process: a host short of memory loses a sandbox (its actor
+    falls back to its last snapshot), not Redis or a worker. Frozen sandboxes hold memory too."""
+    joins = "".join(f"echo $$ > {shlex.quote(p)} && " for p in spec.cgroup.procs_files) if spec.cgroup else ""
+    oom = f"{{ echo {OOM_SCORE_ADJ} > /proc/self/oom_score_adj; }} 2>/dev/null; "
+    return ["sh", "-c", f'{oom}{joins}exec "$@"', "sh", *argv]
 
 
 def _probe(argv: list[str]) -> bool:
@@ -481,7 +485,7 @@ async def start_sandbox(
 ) -> SandboxProcess:
     """Start `command` (built with `view(level, spec)` paths) in a new sandbox; `pass_fds` stay
     open in it at the same numbers (the guest's listening socket)."""
-    argv = _with_cgroup(spec, argv_for(level, spec, command))
+    argv = _launcher(spec, argv_for(level, spec, command))
     # Only the latest run's output is kept per slot: enough to see why a guest did not start.
     with open(spec.log_path, "wb") as out:
         proc = await asyncio.create_subprocess_exec(

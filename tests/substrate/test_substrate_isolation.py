@@ -359,3 +359,15 @@ async def test_status_states_the_isolation_in_force(start_substrate: Start, leve
     assert report["cgroups"] == (None if mode == "none" else mode)
     assert "/dev/shm" in report["memory"]
     assert any("per-slot uid" in line for line in report["gives_up"]) is not ROOT
+
+
+@pytest.mark.parametrize("level", LEVELS)
+async def test_a_sandbox_is_the_oom_killers_first_choice_and_cannot_change_that(
+    start_substrate: Start, level: str
+) -> None:
+    h = await start_substrate(slots=1, sandbox=level)
+    await h.actor("oom")
+    a = await h.client.resume_actor(ATESPACE, "oom")
+    out = await h.bash(a, "cat /proc/self/oom_score_adj; echo -9 > /proc/self/oom_score_adj && echo lowered")
+    assert out["stdout"] == "1000\n"
+    assert Path("/proc/self/oom_score_adj").read_text().strip() != "1000"  # the fleet's own processes
