@@ -27,7 +27,11 @@ that band or moves the level by less than 1% over the half. Records held are the
 and the rate swings with the machine's load, so `redis_bytes_per_key_slope_per_min` (used_memory /
 DBSIZE, same fit) tells a leak from a change of rate. `aof_mb_end`, `disk_mb_end`.
 
-    .venv/bin/python bench/soak.py [--minutes 10] [--sessions 3]
+    .venv/bin/python bench/soak.py [--minutes 10] [--sessions 3] [--rate CALLS_PER_S]
+
+With `--rate`, the sessions together make that many calls per second (while they can): the
+records held stay at rate x ttl, so the slopes judge boundedness even on a machine whose load
+swings (without it, each session calls as fast as it goes and the rate follows the load).
 
 The last line is one JSON object of figures.
 """
@@ -126,10 +130,19 @@ class Counts:
             self.first_errors.append(what[:300])
 
 
-async def sync_loop(fleet: RunningFleet, sid: str, until: float, counts: Counts) -> None:
+async def paced(started: float, n: int, per_s: float) -> None:
+    """With a rate (`--rate`), wait for call `n`'s time: a steady rate holds as many records as
+    rate x ttl, so Redis's slope says whether memory is bounded, whatever the machine's load."""
+    if per_s > 0:
+        await asyncio.sleep(max(0.0, started + n / per_s - time.monotonic()))
+
+
+async def sync_loop(fleet: RunningFleet, sid: str, until: float, counts: Counts, per_s: float) -> None:
     conn = await Conn.tcp(fleet.url)
     n = 0
+    started = time.monotonic()
     while time.monotonic() < until:
+        await paced(started, n, per_s)
         try:
             status, answer = await conn.request("POST", session_path(sid), echo(n))
             if status != 200 or answer.get("output") != f"{n}\n":
@@ -142,10 +155,12 @@ async def sync_loop(fleet: RunningFleet, sid: str, until: float, counts: Counts)
     await conn.close()
 
 
-async def async_loop(fleet: RunningFleet, sid: str, until: float, counts: Counts) -> None:
+async def async_loop(fleet: RunningFleet, sid: str, until: float, counts: Counts, per_s: float) -> None:
     conn = await Conn.tcp(fleet.url)
     n = 0
+    started = time.monotonic()
     while time.monotonic() < until:
+        await paced(started, n, per_s)
         try:
             status, job = await conn.request("POST", session_path(sid), echo(n), headers=ASYNC)
             if status != 202:
@@ -316,8 +331,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         counts = Counts()
         t0 = time.monotonic()
         until = t0 + run_s
-        loops = [asyncio.create_task(sync_loop(fleet, s, until, counts)) for s in sids[: args.sessions]]
-        loops += [asyncio.create_task(async_loop(fleet, s, until, counts)) for s in sids[args.sessions :]]
+        per_loop = args.rate / len(sids)
+        loops = [asyncio.create_task(sync_loop(fleet, s, until, counts, per_loop))
+                 for s in sids[: args.sessions]]  # fmt: skip
+        loops += [asyncio.create_task(async_loop(fleet, s, until, counts, per_loop))
+                  for s in sids[args.sessions :]]  # fmt: skip
         samples = []
         while time.monotonic() < until:
             samples.append({**await sample(fleet, r, t0), "calls": counts.calls})
@@ -409,6 +427,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--sessions", type=int, default=3, help="sync sessions; as many async ones")
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="calls/s in all, spread over the sessions (0: each as fast as it goes)")
     figures = asyncio.run(run(parser.parse_args()))
     for key, value in figures.items():
         print(f"{key}: {value}")
