@@ -117,7 +117,7 @@ class GoldenSnapshots:
         except TimeoutError:
             raise BakeError(f"template {template.name}: setup ran over {BAKE_TIMEOUT_S:.0f} s") from None
         finally:
-            process.kill()
+            await process.reap()
         if rc != 0:
             raise BakeError(
                 f"template {template.name}: setup failed with exit status {rc} (see {spec.log_path})"

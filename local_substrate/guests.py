@@ -138,8 +138,7 @@ async def start_guest(level: str, spec: SandboxSpec, actor: str, sock_path: Path
     try:
         await wait_ready(process, sock_path)
     except BaseException:
-        process.kill()
-        await process.proc.wait()
+        await process.reap()
         sock_path.unlink(missing_ok=True)
         raise
     return process

@@ -66,6 +66,8 @@ ETC_GENERATED = ("passwd", "group")
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 #: The whole environment the launcher (bwrap, unshare) runs with: pid 1 of a sandbox shows it.
 LAUNCH_ENV = {"PATH": SANDBOX_PATH, "LANG": "C.UTF-8"}
+#: How long a sandbox's launcher may take to exit once its namespace init was killed (seconds).
+LAUNCHER_EXIT_S = 2.0
 #: oom_score_adj of every sandbox process: the highest, so the OOM killer takes them first.
 OOM_SCORE_ADJ = 1000
 #: /dev/shm is a tmpfs of this share of the template's memory_mb, so shared memory is bounded
@@ -447,14 +449,20 @@ class SandboxProcess:
         return kids[0] if kids else None
 
     def kill(self) -> None:
-        """SIGKILL everything: the namespace init (which takes its namespace), then the cgroup."""
+        """SIGKILL everything: the namespace init, which takes its namespace with it, then the
+        cgroup. The launcher that started the init then exits by itself (`reap` waits for it).
+        Killing it as well would orphan the init, and an init system that does not reap orphans
+        (as in many containers and VMs) would keep it a zombie for good, counted against the
+        user's process limit. The launcher is killed only when it has no init (yet)."""
         if self.level == "none":
             _signal(-self.pid, signal.SIGKILL)
         else:
             init = self._init_pid()
             if init:
                 _signal(init, signal.SIGKILL)
-            _signal(self.pid, signal.SIGKILL)
+                _signal(self.pid, signal.SIGCONT)  # a frozen launcher must run to reap it and exit
+            else:
+                _signal(self.pid, signal.SIGKILL)
         if self.spec.cgroup:
             self.spec.cgroup.kill_all()
 
@@ -475,7 +483,11 @@ class SandboxProcess:
     async def reap(self) -> None:
         """Kill whatever is left and wait until it is gone, so the slot's next actor starts clean."""
         self.kill()
-        await self.proc.wait()
+        try:
+            await asyncio.wait_for(self.proc.wait(), LAUNCHER_EXIT_S)
+        except TimeoutError:
+            _signal(self.pid, signal.SIGKILL)
+            await self.proc.wait()
         if self.spec.cgroup is not None:
             await self.spec.cgroup.wait_empty()
 
