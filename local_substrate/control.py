@@ -27,6 +27,7 @@ import asyncio
 import base64
 import json
 import logging
+import os
 import sqlite3
 import uuid
 from collections.abc import Awaitable, Callable
@@ -62,6 +63,13 @@ T = TypeVar("T")
 #: process of the tenant's stays in the tree that is stopped (and dies with the server). Without
 #: one (`none`), a process can leave the tree, and a stopped guest would outlive the server.
 FREEZABLE_LEVELS = frozenset({"bwrap", "unshare"})
+
+
+def can_keep_frozen(level: str) -> bool:
+    """Whether this server keeps suspended sandboxes frozen: at a level with a pid namespace, and
+    with a uid per slot (root). As a normal user every sandbox shares the fleet's uid, whose
+    RLIMIT_NPROC budget (`max_pids`) stopped sandboxes would use up for the running ones."""
+    return level in FREEZABLE_LEVELS and os.geteuid() == 0
 
 #: ListActors page size bounds (SUBSTRATE_CONTROL.md).
 DEFAULT_PAGE_SIZE = 1000
@@ -457,7 +465,7 @@ class Control:
         process = slot.process
         if (
             not self.slots.can_freeze
-            or self.level not in FREEZABLE_LEVELS
+            or not can_keep_frozen(self.level)
             or process is None
             or process.proc.returncode is not None
         ):

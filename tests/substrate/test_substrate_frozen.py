@@ -23,6 +23,13 @@ from tests.substrate.conftest import ATESPACE, Harness, Start
 
 pytestmark = pytest.mark.non_root
 
+ROOT = os.geteuid() == 0
+#: Frozen sandboxes need a uid per slot: as a normal user they are never kept (control.can_keep_frozen).
+needs_freezing = pytest.mark.skipif(
+    not ROOT, reason="frozen sandboxes need a uid per slot (root): as a normal user every sandbox shares "
+    "the fleet's uid, whose RLIMIT_NPROC budget stopped sandboxes would use up"
+)
+
 
 async def _start(start_substrate: Start, level: str, slots: int = 1, frozen_max: int = 2) -> Harness:
     h = await start_substrate(slots=slots, frozen_max=frozen_max, sandbox=level)
@@ -48,6 +55,7 @@ async def _resume_running(h: Harness, name: str) -> Actor:
     return actor
 
 
+@needs_freezing
 @pytest.mark.parametrize("level", SANDBOX_LEVELS)
 async def test_a_suspended_actor_continues_its_own_processes(start_substrate: Start, level: str) -> None:
     # given one worker and an actor with a file and a background process
@@ -78,6 +86,7 @@ async def test_a_suspended_actor_continues_its_own_processes(start_substrate: St
     assert out["output"] == "kept\nalive\n"
 
 
+@needs_freezing
 @pytest.mark.parametrize("level", SANDBOX_LEVELS)
 async def test_an_evicted_frozen_actor_comes_back_from_its_snapshot(
     start_substrate: Start, level: str
@@ -102,6 +111,7 @@ async def test_an_evicted_frozen_actor_comes_back_from_its_snapshot(
     assert (await h.bash(a, "cat f"))["output"] == "saved\n"
 
 
+@needs_freezing
 @pytest.mark.parametrize("level", SANDBOX_LEVELS)
 async def test_a_tenant_cannot_keep_running_while_frozen(start_substrate: Start, level: str) -> None:
     # given a tenant with a process in a new session that counts, one that keeps forking, and one
@@ -136,6 +146,7 @@ async def test_a_tenant_cannot_keep_running_while_frozen(start_substrate: Start,
         await asyncio.sleep(0.05)
 
 
+@needs_freezing
 @pytest.mark.parametrize("level", SANDBOX_LEVELS)
 async def test_a_frozen_sandbox_that_dies_frees_its_slot(start_substrate: Start, level: str) -> None:
     # given a frozen actor whose sandbox the host kills (the OOM killer, an operator)
@@ -198,6 +209,7 @@ async def test_a_sandbox_whose_snapshot_dropped_files_is_not_kept(
     assert (await h.bash(a, "ls"))["output"] == "f\n"
 
 
+@needs_freezing
 @pytest.mark.parametrize("level", SANDBOX_LEVELS)
 async def test_an_address_from_before_the_suspend_does_not_reach_the_thawed_guest(
     start_substrate: Start, level: str
@@ -230,6 +242,7 @@ async def test_modes_the_tenant_set_are_what_it_resumes_with(start_substrate: St
     assert (await h.bash(a, "stat -c '%n %a' locked closed"))["output"] == "locked 0\nclosed 0\n"
 
 
+@needs_freezing
 @pytest.mark.parametrize("level", SANDBOX_LEVELS)
 async def test_a_low_disk_first_frees_the_files_of_frozen_sandboxes(
     start_substrate: Start, level: str
@@ -252,4 +265,20 @@ async def test_a_low_disk_first_frees_the_files_of_frozen_sandboxes(
         await asyncio.sleep(0.05)
     assert not any(s.dirs.workspace.joinpath("f").exists() for s in control.slots.slots if not s.actor)
     a = await _resume_running(h, "fz-disk")
+    assert (await h.bash(a, "cat f"))["output"] == "saved\n"
+
+
+@pytest.mark.skipif(ROOT, reason="as root sandboxes are kept frozen (the other tests here)")
+@pytest.mark.parametrize("level", SANDBOX_LEVELS)
+async def test_as_a_normal_user_a_suspend_stops_the_sandbox(start_substrate: Start, level: str) -> None:
+    h = await _start(start_substrate, level)
+    await h.actor("fz-user")
+    a = await _resume_running(h, "fz-user")
+    await h.bash(a, "echo saved > f")
+    pid = _sandbox_pid(h, "fz-user")
+    await h.client.suspend_actor(ATESPACE, "fz-user")
+    control = h.server.control
+    assert control is not None and control.slots.frozen_of("fz-user") is None
+    assert not Path(f"/proc/{pid}").exists() or frozen._state(pid) in {"Z", "X", ""}
+    a = await _resume_running(h, "fz-user")
     assert (await h.bash(a, "cat f"))["output"] == "saved\n"
