@@ -16,7 +16,8 @@ GIVEN_UP = {
     "sandbox": "no sandbox: tenant commands run as plain processes of the fleet's user and can read "
     "its files, keys and state and reach its ports (trusted code only)",
     "uids": "no per-slot uid (not root): every sandbox and the fleet share one uid, so one "
-    "sandbox's process count counts against the others' RLIMIT_NPROC",
+    "sandbox's process count counts against the others' RLIMIT_NPROC, and no suspended sandbox is "
+    "kept frozen (each resume starts a new one)",
     "cgroups": "no cgroups (hierarchy not writable): no whole-sandbox pid or memory cap; memory is "
     "bounded per process (RLIMIT_AS) and /dev/shm by its size only, not per sandbox",
     "network": "templates with network: host share the host's network and loopback (trusted "
