@@ -27,7 +27,7 @@ MAX_ROUNDS = 64
 STOPPED_STATES = frozenset({"T", "t", "Z", "X", ""})
 #: Pause while processes that were sent SIGSTOP have not stopped yet, and the longest wait.
 STOP_POLL_S = 0.0005
-STOP_TIMEOUT_S = 2.0
+STOP_TIMEOUT_S = 5.0
 
 
 def _children(pid: int) -> list[int]:

