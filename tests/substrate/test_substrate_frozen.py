@@ -55,6 +55,25 @@ async def _resume_running(h: Harness, name: str) -> Actor:
     return actor
 
 
+async def _saved_and_suspended(h: Harness, name: str) -> int:
+    """Create and resume `name`, write "saved" to `f`, suspend it; the pid of its sandbox."""
+    await h.actor(name)
+    a = await _resume_running(h, name)
+    await h.bash(a, "echo saved > f")
+    pid = _sandbox_pid(h, name)
+    await h.client.suspend_actor(ATESPACE, name)
+    return pid
+
+
+async def _resumes_with_its_file(h: Harness, name: str) -> None:
+    a = await _resume_running(h, name)
+    assert (await h.bash(a, "cat f"))["output"] == "saved\n"
+
+
+def _stopped_for_good(pid: int) -> bool:
+    return not Path(f"/proc/{pid}").exists() or frozen._state(pid) in {"Z", "X", ""}
+
+
 @needs_freezing
 @pytest.mark.parametrize("level", SANDBOX_LEVELS)
 async def test_a_suspended_actor_continues_its_own_processes(start_substrate: Start, level: str) -> None:
@@ -154,11 +173,7 @@ async def test_a_tenant_cannot_keep_running_while_frozen(start_substrate: Start,
 async def test_a_frozen_sandbox_that_dies_frees_its_slot(start_substrate: Start, level: str) -> None:
     # given a frozen actor whose sandbox the host kills (the OOM killer, an operator)
     h = await _start(start_substrate, level)
-    await h.actor("fz-k")
-    a = await _resume_running(h, "fz-k")
-    await h.bash(a, "echo saved > f")
-    pid = _sandbox_pid(h, "fz-k")
-    await h.client.suspend_actor(ATESPACE, "fz-k")
+    pid = await _saved_and_suspended(h, "fz-k")
     for p in reversed(frozen.tree(pid)):
         os.kill(p, 9)
 
@@ -169,8 +184,7 @@ async def test_a_frozen_sandbox_that_dies_frees_its_slot(start_substrate: Start,
     while control.slots.frozen_of("fz-k") is not None:
         assert time.monotonic() < deadline
         await asyncio.sleep(0.05)
-    a = await _resume_running(h, "fz-k")
-    assert (await h.bash(a, "cat f"))["output"] == "saved\n"
+    await _resumes_with_its_file(h, "fz-k")
 
 
 @pytest.mark.parametrize("frozen_max", [0, 2])
@@ -179,14 +193,9 @@ async def test_without_freezing_or_a_pid_namespace_a_suspend_stops_the_sandbox(
 ) -> None:
     # frozen_max 0: freezing off; at level none a process could leave the tree and outlive the server
     h = await start_substrate(slots=1, frozen_max=frozen_max, sandbox="none")
-    await h.actor("fz-off")
-    a = await _resume_running(h, "fz-off")
-    await h.bash(a, "echo saved > f")
-    pid = _sandbox_pid(h, "fz-off")
-    await h.client.suspend_actor(ATESPACE, "fz-off")
-    assert not Path(f"/proc/{pid}").exists() or frozen._state(pid) in {"Z", "X", ""}
-    a = await _resume_running(h, "fz-off")
-    assert (await h.bash(a, "cat f"))["output"] == "saved\n"
+    pid = await _saved_and_suspended(h, "fz-off")
+    assert _stopped_for_good(pid)
+    await _resumes_with_its_file(h, "fz-off")
 
 
 @pytest.mark.parametrize("level", SANDBOX_LEVELS)
@@ -205,7 +214,7 @@ async def test_a_sandbox_whose_snapshot_dropped_files_is_not_kept(
     assert suspended.dropped_count == 1
     control = h.server.control
     assert control is not None and control.slots.frozen_of("fz-fifo") is None
-    assert not Path(f"/proc/{pid}").exists() or frozen._state(pid) in {"Z", "X", ""}
+    assert _stopped_for_good(pid)
 
     # and its resume has exactly what the snapshot kept
     a = await _resume_running(h, "fz-fifo")
@@ -253,12 +262,9 @@ async def test_a_low_disk_first_frees_the_files_of_frozen_sandboxes(
     # given a frozen actor, and a disk guard that finds the disk low (a reserve above any free space)
     h = await start_substrate(slots=1, frozen_max=2, sandbox=level, disk_reserve_mb=1 << 30,
                               disk_check_period_s=0.1)  # fmt: skip
-    await h.actor("fz-disk")
-    a = await _resume_running(h, "fz-disk")
-    await h.bash(a, "echo saved > f")
+    await _saved_and_suspended(h, "fz-disk")
     control = h.server.control
     assert control is not None
-    await h.client.suspend_actor(ATESPACE, "fz-disk")
 
     # then the frozen sandbox is killed and its slot's files deleted, and the actor resumes from
     # its snapshot
@@ -267,21 +273,15 @@ async def test_a_low_disk_first_frees_the_files_of_frozen_sandboxes(
         assert time.monotonic() < deadline
         await asyncio.sleep(0.05)
     assert not any(s.dirs.workspace.joinpath("f").exists() for s in control.slots.slots if not s.actor)
-    a = await _resume_running(h, "fz-disk")
-    assert (await h.bash(a, "cat f"))["output"] == "saved\n"
+    await _resumes_with_its_file(h, "fz-disk")
 
 
 @pytest.mark.skipif(ROOT, reason="as root sandboxes are kept frozen (the other tests here)")
 @pytest.mark.parametrize("level", SANDBOX_LEVELS)
 async def test_as_a_normal_user_a_suspend_stops_the_sandbox(start_substrate: Start, level: str) -> None:
     h = await _start(start_substrate, level)
-    await h.actor("fz-user")
-    a = await _resume_running(h, "fz-user")
-    await h.bash(a, "echo saved > f")
-    pid = _sandbox_pid(h, "fz-user")
-    await h.client.suspend_actor(ATESPACE, "fz-user")
+    pid = await _saved_and_suspended(h, "fz-user")
     control = h.server.control
     assert control is not None and control.slots.frozen_of("fz-user") is None
-    assert not Path(f"/proc/{pid}").exists() or frozen._state(pid) in {"Z", "X", ""}
-    a = await _resume_running(h, "fz-user")
-    assert (await h.bash(a, "cat f"))["output"] == "saved\n"
+    assert _stopped_for_good(pid)
+    await _resumes_with_its_file(h, "fz-user")
