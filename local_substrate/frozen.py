@@ -102,18 +102,6 @@ def thaw(root: int) -> None:
         _signal(pid, signal.SIGCONT)
 
 
-def tree_rss_bytes(root: int) -> int:
-    """Resident memory of `root`'s tree (shared pages counted in each process: an upper bound)."""
-    page = os.sysconf("SC_PAGE_SIZE")
-    total = 0
-    for pid in tree(root):
-        try:
-            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
-
-
 def mem_available_bytes() -> int:
     """The kernel's estimate of memory available for new work (MemAvailable)."""
     with open("/proc/meminfo", "rb") as f:

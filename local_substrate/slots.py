@@ -186,7 +186,3 @@ class SlotPool:
     @property
     def can_freeze(self) -> bool:
         return len(self.slots) > self.count
-
-    @property
-    def frozen(self) -> int:
-        return sum(1 for s in self.slots if s.frozen)
