@@ -176,6 +176,26 @@ def _start_up(tmp: Path, cfg: dict[str, Any], server: RedisUnderTest | None,
     raise RuntimeError(f"fleet did not become ready:\n{fleet.log()}")
 
 
+#: Fleets whose log a failure report already shows (a broken session fleet fails many tests).
+_LOGGED_FLEETS: set[str] = set()
+#: How much of a fleet's log a failure report shows.
+FAILURE_LOG_CHARS = 8000
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failed test's report ends with the tail of the log of each fleet it used, once per fleet:
+    on a CI machine that log is the only account of what the fleet was doing."""
+    report = yield
+    if report.failed:
+        for name, value in getattr(item, "funcargs", {}).items():
+            if isinstance(value, RunningFleet) and value.url not in _LOGGED_FLEETS:
+                _LOGGED_FLEETS.add(value.url)
+                tail = value.log()[-FAILURE_LOG_CHARS:]
+                report.sections.append((f"fleet log: {name} (its last lines)", tail))
+    return report
+
+
 @pytest.fixture
 def short_tmp() -> Iterator[Path]:
     """A short state dir for a test's own fleet: unix socket paths under it must fit in 107 bytes."""
