@@ -281,6 +281,13 @@ class RedisLink:
         connecting = self._connecting
         try:
             self._protocol = await asyncio.shield(connecting)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if connecting.cancelled() and not (task is not None and task.cancelling()):
+                # `aclose` ended the connect this call waited for: the call failed, it was not
+                # cancelled (its caller would take a CancelledError for its own cancellation).
+                raise connection_failed("the client was closed") from None
+            raise
         finally:
             if self._connecting is connecting and connecting.done():
                 self._connecting = None

@@ -255,6 +255,17 @@ async def test_aclose_ends_blocked_calls(redis_url: str) -> None:
         await blocked
 
 
+async def test_aclose_while_a_call_connects_fails_that_call_instead_of_cancelling_it(redis_url: str) -> None:
+    client = RedisClient.from_url(redis_url)
+    blocked = asyncio.create_task(client.blpop(["never"], 0))
+    plain = asyncio.create_task(client.get("k"))
+    await asyncio.sleep(0)  # both wait for their connects
+    await client.aclose()
+    for call in (blocked, plain):
+        with pytest.raises(RedisConnectionError):
+            await call
+
+
 async def test_listen_gets_what_publish_sends(fleet_redis: RedisClient) -> None:
     got: asyncio.Queue[str] = asyncio.Queue()
     subscribed = asyncio.Event()
