@@ -15,6 +15,7 @@ Errors are redis-py's classes (`common.redis.errors`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -167,7 +168,7 @@ class RedisClient:
 
     async def blpop(self, keys: Sequence[str], timeout_s: float) -> tuple[bytes, bytes] | None:
         """The first element pushed to any of `keys` within `timeout_s` (0: forever), or None."""
-        reply = await self.execute_blocking(timeout_s, "BLPOP", *keys, timeout_s)
+        reply = await self.execute_blocking(timeout_s, "BLPOP", *keys, _block_timeout(timeout_s))
         return None if reply is None else (reply[0], reply[1])
 
     # -- sorted sets -------------------------------------------------------------------------------
@@ -280,6 +281,18 @@ class RedisClient:
         if block_ms is None:
             return await self.link.execute(*args)
         return await self.execute_blocking(block_ms / 1000, *args)
+
+
+def _block_timeout(timeout_s: float) -> str:
+    """A blocking command's timeout in seconds as Redis reads it: it multiplies by 1000 and
+    truncates to whole milliseconds, so "0.001" came out as 0.999... → 0, which is "block forever"
+    (seen on Redis 6.2: a worker's 1 ms inbox read blocked until the watchdog gave up on the
+    connection, 30 s later). Half a millisecond more lands every positive timeout on its intended
+    whole millisecond; 0 stays "forever"."""
+    if timeout_s <= 0:
+        return "0"
+    ms = max(1, math.ceil(timeout_s * 1000))
+    return f"{(ms + 0.5) / 1000:.4f}"
 
 
 def _info_value(value: str) -> Any:

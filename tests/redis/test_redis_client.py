@@ -255,6 +255,14 @@ async def test_aclose_ends_blocked_calls(redis_url: str) -> None:
         await blocked
 
 
+@pytest.mark.parametrize("timeout_s", [0.0001, 0.001, 0.0015, 0.002, 0.01])
+async def test_a_blpop_of_a_millisecond_or_less_times_out_instead_of_blocking_forever(
+    fleet_redis: RedisClient, timeout_s: float
+) -> None:
+    # Redis 6.2 read a timeout of "0.001" as 0.999... ms, truncated to 0: block forever.
+    assert await asyncio.wait_for(fleet_redis.blpop(["nothing-comes"], timeout_s), 5) is None
+
+
 async def test_aclose_while_a_call_connects_fails_that_call_instead_of_cancelling_it(redis_url: str) -> None:
     client = RedisClient.from_url(redis_url)
     blocked = asyncio.create_task(client.blpop(["never"], 0))
