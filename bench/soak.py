@@ -22,10 +22,11 @@ each key kind's count and MEMORY USAGE (sampled), per record held; `job_record_e
 record should stay ziplist / listpack) and one record's field sizes. `redis_used_mb_start/end`;
 `redis_slope_mb_per_min` and `rss_slope_mb_per_min` (per role) by least squares over the run's
 last half, with `*_slope_ci_mb_per_min` the 95% half-width from the fit's residuals (sampling
-noise: allocator and AOF buffers, GC passes); a slope counts as flat (`*_flat`) when it lies within
-that band or moves the level by less than 1% over the half. Records held are the call rate × ttl,
-and the rate swings with the machine's load, so `redis_bytes_per_key_slope_per_min` (used_memory /
-DBSIZE, same fit) tells a leak from a change of rate. `aof_mb_end`, `disk_mb_end`.
+noise: allocator and AOF buffers, GC passes); a slope counts as flat (`*_flat`: not growing) when
+that band reaches 0 or below, or it raises the level by less than 1% over the half. Records held
+are the call rate × ttl, and the rate swings with the machine's load, so
+`redis_bytes_per_key_slope_per_min` (used_memory / DBSIZE, same fit) tells a leak from a change
+of rate. `aof_mb_end`, `disk_mb_end`.
 
     .venv/bin/python bench/soak.py [--minutes 10] [--sessions 3] [--rate CALLS_PER_S]
 
@@ -192,10 +193,11 @@ def slope_per_min(samples: list[tuple[float, float]]) -> tuple[float, float]:
 
 
 def flat(samples: list[tuple[float, float]], slope: float, ci: float) -> bool:
-    """Within noise: the slope's band includes 0, or it moves the level < 1% over the samples."""
+    """Not growing, within noise: the slope's band reaches 0 or below (a level that falls is
+    bounded too), or it raises the level by < 1% over the samples."""
     span_min = (samples[-1][0] - samples[0][0]) / 60
     level = sum(v for _, v in samples) / len(samples)
-    return abs(slope) <= ci or abs(slope) * span_min < 0.01 * level
+    return slope <= ci or slope * span_min < 0.01 * level
 
 
 async def sample(fleet: RunningFleet, r: aioredis.Redis, t0: float) -> dict[str, Any]:
