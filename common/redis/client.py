@@ -284,11 +284,10 @@ class RedisClient:
 
 
 def _block_timeout(timeout_s: float) -> str:
-    """A blocking command's timeout in seconds as Redis reads it: it multiplies by 1000 and
-    truncates to whole milliseconds, so "0.001" came out as 0.999... → 0, which is "block forever"
-    (seen on Redis 6.2: a worker's 1 ms inbox read blocked until the watchdog gave up on the
-    connection, 30 s later). Half a millisecond more lands every positive timeout on its intended
-    whole millisecond; 0 stays "forever"."""
+    """A blocking command's timeout in seconds as Redis reads it: Redis 6.2 multiplies by 1000 and
+    truncates to whole milliseconds, so "0.001" came out as 0.999... → 0, "block forever" (see
+    docs/architecture.md, Redis). Half a millisecond more lands every positive timeout on its
+    intended whole millisecond; 0 stays "forever"."""
     if timeout_s <= 0:
         return "0"
     ms = max(1, math.ceil(timeout_s * 1000))
