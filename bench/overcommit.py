@@ -39,6 +39,7 @@ from typing import Any  # noqa: E402
 
 import httpx  # noqa: E402
 
+from bench.e2e import Conn  # noqa: E402
 from tests.e2e.conftest import RunningFleet, base_config, free_port, start_fleet  # noqa: E402
 
 ENV = "my-env"
@@ -97,35 +98,44 @@ def step(i: int, written: str) -> tuple[dict[str, Any], str, str]:
             return call_body("read_file", f"c{i}", path="counter"), written, written
 
 
-async def agent(client: httpx.AsyncClient, sid: str, calls: int, figures: Figures,
-                rng: random.Random) -> None:
+async def agent(url: str, sid: str, calls: int, figures: Figures, rng: random.Random) -> None:
+    """One agent on its own keep-alive connection (bench.e2e.Conn: httpx's pool costs the client
+    more CPU per request as connections are added, and this client shares the fleet's cores)."""
+    conn = await Conn.tcp(url)
+    try:
+        await agent_loop(conn, sid, calls, figures, rng)
+    finally:
+        await conn.close()
+
+
+async def agent_loop(conn: Conn, sid: str, calls: int, figures: Figures, rng: random.Random) -> None:
     base = f"/v1/environments/{ENV}/sessions/{sid}"
     began = time.perf_counter()
-    r = await client.post(f"{base}/resume")
+    status, answer = await conn.request("POST", f"{base}/resume")
     figures.resume_ms.append((time.perf_counter() - began) * 1000)
     figures.resumed_by = max(figures.resumed_by, time.perf_counter())
-    if r.status_code != 200:
+    if status != 200:
         figures.failed += calls
-        figures.failures.append(f"resume {sid}: {r.status_code} {r.text[:200]}")
+        figures.failures.append(f"resume {sid}: {status} {json.dumps(answer)[:200]}")
         return
     written = ""
     for i in range(calls):
         await asyncio.sleep(rng.uniform(*THINK_S))
         body, expected, after = step(i, written)
-        parked = (await client.get(base)).json().get("state") == "suspended"
+        parked = (await conn.request("GET", base))[1].get("state") == "suspended"
         began = time.perf_counter()
-        r = await client.post(base, json=body)
+        status, answer = await conn.request("POST", base, body)
         took_ms = (time.perf_counter() - began) * 1000
-        if r.status_code != 200:
+        if status != 200:
             figures.failed += 1
-            figures.failures.append(f"{sid} call {i}: {r.status_code} {r.text[:200]}")
+            figures.failures.append(f"{sid} call {i}: {status} {json.dumps(answer)[:200]}")
             continue
         figures.ok += 1
         figures.call_ms.append(took_ms)
         figures.calls.append((began, took_ms))
         if parked:
             figures.wake_ms.append(took_ms)
-        output = r.json().get("output", "")
+        output = answer.get("output", "")
         if expected and output != expected:
             figures.out_of_order += 1
             figures.failures.append(f"{sid} call {i}: expected {expected!r}, got {output[:200]!r}")
@@ -141,13 +151,11 @@ def parks_total(fleet: RunningFleet) -> int:
 async def run(fleet: RunningFleet, sessions: int, calls: int, seed: int) -> dict[str, Any]:
     figures = Figures()
     rng = random.Random(seed)
-    limits = httpx.Limits(max_connections=sessions + 16, max_keepalive_connections=sessions + 16)
-    async with httpx.AsyncClient(base_url=fleet.url, timeout=900, limits=limits) as client:
-        began = time.perf_counter()
-        await asyncio.gather(*(agent(client, f"oc-{uuid.uuid4().hex[:10]}", calls, figures,
-                                     random.Random(rng.random())) for _ in range(sessions)))
-        elapsed = time.perf_counter() - began
-        capacity = (await client.get("/v1/capacity")).json()
+    began = time.perf_counter()
+    await asyncio.gather(*(agent(fleet.url, f"oc-{uuid.uuid4().hex[:10]}", calls, figures,
+                                 random.Random(rng.random())) for _ in range(sessions)))
+    elapsed = time.perf_counter() - began
+    capacity = httpx.get(f"{fleet.url}/v1/capacity", timeout=30).json()
     after = [ms for at, ms in figures.calls if at >= figures.resumed_by]
     for line in figures.failures[:20]:
         print("  !", line)

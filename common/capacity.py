@@ -78,9 +78,15 @@ class Capacity:
         self._scripts = ScriptRunner(redis.execute)
         self._background_ok = [e.name for e in config.environments if e.suspend_with_background]
 
-    async def waiting(self) -> int:
-        """Resumes waiting for a worker now, fleet-wide."""
-        return int(await self.redis.zcard(self.keys.capacity_wait))
+    async def full_or_waiting(self) -> bool:
+        """Whether a resume should join the wait queue rather than ask Substrate first: resumes
+        wait already, or as many sessions run as Substrate last showed workers (an index that
+        can lag behind a park by a moment: the queue then admits the resume at once)."""
+        k = self.keys
+        waiting, running, total = await asyncio.gather(
+            self.redis.zcard(k.capacity_wait), self.redis.zcard(k.running),
+            self.redis.hget(k.capacity_workers, "total"))
+        return int(waiting) > 0 or (total is not None and int(running) >= int(text(total)))
 
     async def turn(self, session: str, since_ms: int | None = None) -> Turn:
         """Join the wait queue at `since_ms` (when the waiting job was created: first come, first

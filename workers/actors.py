@@ -139,13 +139,11 @@ class ActorKeeper:
         connection is kept only if it still points at the same incarnation (`pod_uid` changes on
         every resume), which skips a reconnect and identity bind.
         """
+        trusted = None if fresh else self._trusted_guest(ctx)
+        if trusted is not None:
+            return trusted
         session = ctx.job.session
         cached = self._guests.get(session)
-        if cached is not None and not fresh and (
-                cached.epoch == ctx.epoch or time.monotonic() - cached.verified_at < GUEST_TRUST_S):
-            cached.epoch = ctx.epoch
-            self._guests.move_to_end(session)
-            return cached.guest
         env = self._env(ctx)
         actor = await self._get(env.atespace, actor_name(env.name, ctx.job.session_id))
         if actor is None or not actor.running:
@@ -157,6 +155,16 @@ class ActorKeeper:
             return cached.guest
         self.forget(session)
         return await self._bind(ctx, actor)
+
+    def _trusted_guest(self, ctx: JobContext) -> GuestClient | None:
+        """The cached guest when it is trusted without asking Substrate (see running_guest)."""
+        cached = self._guests.get(ctx.job.session)
+        if cached is None or (cached.epoch != ctx.epoch
+                              and time.monotonic() - cached.verified_at >= GUEST_TRUST_S):
+            return None
+        cached.epoch = ctx.epoch
+        self._guests.move_to_end(ctx.job.session)
+        return cached.guest
 
     def incarnation(self, session: str) -> str:
         """The incarnation (`pod_uid`, new at every resume) of the session's cached actor, or ""."""
@@ -199,11 +207,12 @@ class ActorKeeper:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    async def resume(self, ctx: JobContext) -> dict[str, Any]:
-        """Create if absent, resume, wait RUNNING, bind the guest. Answers seed's `{"status":"ok"}`+."""
+    async def resume(self, ctx: JobContext, session: dict[str, str] | None = None) -> dict[str, Any]:
+        """Create if absent, resume, wait RUNNING, bind the guest. Answers seed's `{"status":"ok"}`+.
+        `session`: the session hash when the caller just read it."""
         env = self._env(ctx)
         name = actor_name(env.name, ctx.job.session_id)
-        session = await ctx.session()
+        session = session if session is not None else await ctx.session()
         if session.get("state") == "destroyed" and session.get("snapshot_kept") == "1":
             raise JobFailed(problem(
                 409, "session_destroyed", "Session destroyed",
@@ -260,7 +269,9 @@ class ActorKeeper:
         # The job's creation time is its place in line: a re-run after its worker died keeps it.
         since_ms = int((ctx.job.created_at or time.time()) * 1000)
         deadline = time.monotonic() + self.config.workers.capacity_wait_s
-        waiting = await self.capacity.waiting() > 0 and self._wait_begins()
+        # Straight to the queue when it is not empty (fair) or every worker is known busy (a
+        # resume would only be refused).
+        waiting = await self.capacity.full_or_waiting() and self._wait_begins()
         # Set when the park this resume asked for ends: the worker it freed is its to take, so it
         # asks at once whatever its place (the park was its share of the queue's parks).
         parked = self._parks_for.setdefault(session, asyncio.Event())
@@ -271,7 +282,9 @@ class ActorKeeper:
                 turn = await self.capacity.turn(session, since_ms) if waiting else None
                 if turn is not None and turn.park is not None:
                     await self._request_park(ctx, turn.park)
-                if turn is None or turn.admitted or parked.is_set():
+                # A waiter that just asked for a park waits for it to end: the worker it frees
+                # is not free yet, and asking Substrate now would only be refused.
+                if turn is None or parked.is_set() or (turn.admitted and turn.park is None):
                     parked.clear()
                     try:
                         return await self.substrate.resume_actor(atespace, name)
@@ -351,20 +364,25 @@ class ActorKeeper:
         return actor
 
     async def ensure_running(self, ctx: JobContext, auto_resume: bool, fresh: bool = False) -> GuestClient:
-        """The session's guest, resuming the actor first when `auto_resume` asks for it."""
-        guest = await self.running_guest(ctx, fresh)
+        """The session's guest, resuming the actor first when the fleet parked it or
+        `auto_resume` asks for it."""
+        guest = None if fresh else self._trusted_guest(ctx)
         if guest is not None:
             return guest
-        if not auto_resume:
-            # The fleet's own parks (idle, pressure, after an auto_resume call) are woken by the
-            # next call, also after a wake that failed ("resuming": no worker came free in time);
-            # only a session its client suspended (or never resumed) answers 409.
-            info = await ctx.session()
-            state = info.get("state", "new")
-            if state not in PARKED_STATES or info.get("suspended_by") not in FLEET_PARKS:
+        info = await ctx.session()
+        state = info.get("state", "new")
+        # The fleet's own parks (idle, pressure, after an auto_resume call) are woken by the
+        # next call, also after a wake that failed ("resuming": no worker came free in time);
+        # only a session its client suspended (or never resumed) answers 409. A parked one is
+        # resumed without asking Substrate first (the resume asks anyway).
+        if state not in PARKED_STATES or info.get("suspended_by") not in FLEET_PARKS:
+            guest = await self.running_guest(ctx, fresh)
+            if guest is not None:
+                return guest
+            if not auto_resume:
                 raise session_not_running(ctx.job.environment, ctx.job.session_id,
                                           "suspended" if state == "running" else state)
-        await self.resume(ctx)
+        await self.resume(ctx, info)
         cached = self._guests[ctx.job.session]
         return cached.guest
 
@@ -387,9 +405,13 @@ class ActorKeeper:
                     f"{len(running)} background process(es) still run; suspend with force=true to stop them",
                     processes=running))
         started = time.monotonic()
+        # A guest of this lease that answered just now proves the actor RUNNING (nothing else
+        # acts on it meanwhile; had its pod died, it is SUSPENDED and the suspend a no-op).
+        trusted = self._guests.get(ctx.job.session)
+        known = trusted.actor if trusted is not None and self._trusted_guest(ctx) is not None else None
         self.forget(ctx.job.session)
         try:
-            actor = await self._get(env.atespace, name)
+            actor = known or await self._get(env.atespace, name)
             if actor is not None and actor.status is not ActorStatus.SUSPENDED:
                 # Recorded before the call: a worker that dies midway leaves a park the next call
                 # still wakes (and the job's re-run or the reconciler finishes).
@@ -410,7 +432,8 @@ class ActorKeeper:
             raise await self._failure(env.atespace, name, err) from err
         took_ms = round((time.monotonic() - started) * 1000, 1)
         LIFECYCLE_LATENCY.labels(op="suspend").observe(took_ms / 1000)
-        size = {} if actor.snapshot_bytes is None else {"snapshot_bytes": str(actor.snapshot_bytes)}
+        size = {} if actor is None or actor.snapshot_bytes is None else {
+            "snapshot_bytes": str(actor.snapshot_bytes)}
         await ctx.update_session(state="suspended", last_suspend_ms=str(took_ms), background_processes="[]",
                                  suspended_by=str(by), **size)
         self._worker_freed()
