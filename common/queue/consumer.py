@@ -196,9 +196,11 @@ class Consumer:
                 await self._slot_free.wait()  # (stop() also sets it, to end this loop)
             else:
                 try:
+                    # The wait is what is left until the renewal at each try: a retry after a
+                    # backoff must not block past it (the announcement would lapse meanwhile).
                     handed = await self._retrying(
-                        lambda wait=renew_at - now: self.queue.wait_handoffs(  # type: ignore[misc]
-                            self.worker_id, wait
+                        lambda until=renew_at: self.queue.wait_handoffs(  # type: ignore[misc]
+                            self.worker_id, until - time.monotonic()
                         ),
                         deadline=None,
                     )
