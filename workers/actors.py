@@ -220,7 +220,7 @@ class ActorKeeper:
                 f"(actor {session.get('actor')}); destroy it again without keep_snapshot to reuse the id"))
         started = time.monotonic()
         try:
-            actor = await self._resume_actor(ctx, env, name)
+            actor = await self._resume_actor(ctx, env, name, suspended=session.get("state") == "suspended")
         except WorkspaceOverQuota as err:
             # Substrate stopped the actor (back at its last snapshot); this call is told why. Not
             # a fleet park: a call without auto_resume answers 409 until the session is resumed.
@@ -239,10 +239,18 @@ class ActorKeeper:
         LIFECYCLE_LATENCY.labels(op="resume_cold" if cold else "resume").observe(took_ms / 1000)
         return {"status": "ok", "cold_start": cold, "duration_ms": took_ms, "actor": name}
 
-    async def _resume_actor(self, ctx: JobContext, env: Environment, name: str) -> Actor:
+    async def _resume_actor(self, ctx: JobContext, env: Environment, name: str, suspended: bool) -> Actor:
+        """`suspended`: the session says its last suspend succeeded (it says so only once
+        Substrate answered SUSPENDED, and only this session's lease holder acts on the actor), so
+        the resume goes ahead without reading the actor first; a missing one takes the long way."""
         if env.atespace not in self._atespaces:
             await self.substrate.ensure_atespace(env.atespace)
             self._atespaces.add(env.atespace)
+        if suspended:
+            await ctx.update_session(state="resuming", actor=name)
+            with contextlib.suppress(NotFound):
+                resumed = await self._resume_when_capacity(ctx, env.atespace, name)
+                return await self._settle(env.atespace, name, resumed, want=ActorStatus.RUNNING)
         actor = await self._get(env.atespace, name)
         if actor is None:
             await ctx.update_session(state="new", actor=name)

@@ -3,6 +3,7 @@ who suspended a session, background processes after auto_resume, and GET /v1/cap
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Iterator
@@ -12,6 +13,10 @@ from typing import Any
 import httpx
 import pytest
 
+from common.config import Config, load_config
+from common.queue.keys import Keys, session_name
+from common.routing import substrate_address
+from common.substrate import make_substrate_client
 from tests.e2e.conftest import RunningFleet, base_config, free_port, start_fleet
 
 SLOTS = 3
@@ -135,3 +140,30 @@ def test_capacity_shape(small_fleet: RunningFleet) -> None:
     assert set(cap["workers"]) == {"total", "busy", "free", "observed_at_ms"}
     assert set(cap["sessions"]) == {"running", "parked", "waiting"}
     assert cap["workers"]["total"] in (None, SLOTS)
+
+
+def test_a_parked_session_whose_actor_vanished_wakes_on_a_new_one(small_fleet: RunningFleet) -> None:
+    # A wake of a session the fleet parked resumes without reading the actor first; one deleted
+    # behind the fleet's back meanwhile must still wake, from a new actor (its files are gone).
+    sid = f"oc-gone-{uuid.uuid4().hex[:8]}"
+    with small_fleet.client() as c:
+        assert c.post(f"{_base(sid)}/resume").status_code == 200
+        assert c.post(_base(sid), json=_call("write_file", path="f.txt", content="x")).status_code == 200
+        r = c.post(f"{_base(sid)}/suspend")
+        assert r.status_code == 200, r.text
+        # given the session parked by the fleet (as the reconciler's idle pass records it), and
+        # its actor deleted directly in Substrate
+        config = load_config(small_fleet.config_path)
+        small_fleet.redis_client().hset(Keys(config.redis_prefix).session(session_name("my-env", sid)),
+                                        "suspended_by", "idle")
+        asyncio.run(_delete_actor(config, _view(c, sid)["actor"]))  # {"name", "atespace"}
+        # when a call comes without auto_resume, then the session wakes on a new actor
+        r = c.post(_base(sid), json=_call("bash", command="ls f.txt; echo up"))
+        assert r.status_code == 200, r.text
+        assert "up" in r.json()["output"] and "No such file" in r.json()["output"]
+        assert _view(c, sid)["state"] == "running"
+
+
+async def _delete_actor(config: Config, actor: dict[str, str]) -> None:
+    async with make_substrate_client(config, substrate_address(config)) as substrate:
+        await substrate.delete_actor(actor["atespace"], actor["name"])
