@@ -162,6 +162,7 @@ def _start_up(tmp: Path, cfg: dict[str, Any], server: RedisUnderTest | None,
     _, port = cfg["listen"].rsplit(":", 1)
     fleet = RunningFleet(f"http://127.0.0.1:{port}", proc, Path(cfg["state_dir"]), config_path, log_path,
                          server)
+    _STARTED.append(fleet)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -178,6 +179,15 @@ def _start_up(tmp: Path, cfg: dict[str, Any], server: RedisUnderTest | None,
 
 #: Fleets whose log a failure report already shows (a broken session fleet fails many tests).
 _LOGGED_FLEETS: set[str] = set()
+#: Fleets started since the current test began: its own, not only those it got from fixtures.
+_STARTED: list[RunningFleet] = []
+
+
+def _started_lists() -> list[list[RunningFleet]]:
+    """`_STARTED` of each copy of this module: pytest loads it as `conftest`, and the tests
+    import it again as `tests.e2e.conftest`, whose `start_fleet` appends to its own copy."""
+    copies = {id(m): m for m in (sys.modules.get(__name__), sys.modules.get("tests.e2e.conftest")) if m}
+    return [m._STARTED for m in copies.values()]
 #: How much of a fleet's log a failure report shows.
 FAILURE_LOG_CHARS = 8000
 
@@ -188,11 +198,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     on a CI machine that log is the only account of what the fleet was doing."""
     report = yield
     if report.failed:
-        for name, value in getattr(item, "funcargs", {}).items():
-            if isinstance(value, RunningFleet) and value.url not in _LOGGED_FLEETS:
-                _LOGGED_FLEETS.add(value.url)
-                tail = value.log()[-FAILURE_LOG_CHARS:]
+        used = [(name, value) for name, value in getattr(item, "funcargs", {}).items()
+                if isinstance(value, RunningFleet)]
+        started = [("started by the test", f) for fleets in _started_lists() for f in fleets]
+        for name, fleet in [*used, *started]:
+            if fleet.url not in _LOGGED_FLEETS and fleet.log_path.exists():
+                _LOGGED_FLEETS.add(fleet.url)
+                tail = fleet.log()[-FAILURE_LOG_CHARS:]
                 report.sections.append((f"fleet log: {name} (its last lines)", tail))
+    if report.when == "teardown":
+        for fleets in _started_lists():
+            fleets.clear()
     return report
 
 
