@@ -139,9 +139,9 @@ class ActorKeeper:
         connection is kept only if it still points at the same incarnation (`pod_uid` changes on
         every resume), which skips a reconnect and identity bind.
         """
-        trusted = None if fresh else self._trusted_guest(ctx)
+        trusted = None if fresh else self._trusted(ctx)
         if trusted is not None:
-            return trusted
+            return trusted.guest
         session = ctx.job.session
         cached = self._guests.get(session)
         env = self._env(ctx)
@@ -156,7 +156,7 @@ class ActorKeeper:
         self.forget(session)
         return await self._bind(ctx, actor)
 
-    def _trusted_guest(self, ctx: JobContext) -> GuestClient | None:
+    def _trusted(self, ctx: JobContext) -> RunningGuest | None:
         """The cached guest when it is trusted without asking Substrate (see running_guest)."""
         cached = self._guests.get(ctx.job.session)
         if cached is None or (cached.epoch != ctx.epoch
@@ -164,7 +164,7 @@ class ActorKeeper:
             return None
         cached.epoch = ctx.epoch
         self._guests.move_to_end(ctx.job.session)
-        return cached.guest
+        return cached
 
     def incarnation(self, session: str) -> str:
         """The incarnation (`pod_uid`, new at every resume) of the session's cached actor, or ""."""
@@ -374,9 +374,9 @@ class ActorKeeper:
     async def ensure_running(self, ctx: JobContext, auto_resume: bool, fresh: bool = False) -> GuestClient:
         """The session's guest, resuming the actor first when the fleet parked it or
         `auto_resume` asks for it."""
-        guest = None if fresh else self._trusted_guest(ctx)
-        if guest is not None:
-            return guest
+        trusted = None if fresh else self._trusted(ctx)
+        if trusted is not None:
+            return trusted.guest
         info = await ctx.session()
         state = info.get("state", "new")
         # The fleet's own parks (idle, pressure, after an auto_resume call) are woken by the
@@ -413,10 +413,11 @@ class ActorKeeper:
                     f"{len(running)} background process(es) still run; suspend with force=true to stop them",
                     processes=running))
         started = time.monotonic()
-        # A guest of this lease that answered just now proves the actor RUNNING (nothing else
-        # acts on it meanwhile; had its pod died, it is SUSPENDED and the suspend a no-op).
-        trusted = self._guests.get(ctx.job.session)
-        known = trusted.actor if trusted is not None and self._trusted_guest(ctx) is not None else None
+        # A trusted guest (used in this lease, or answering just now) proves the actor RUNNING:
+        # nothing else acts on it meanwhile; had its pod died, it is SUSPENDED and the suspend
+        # a no-op.
+        trusted = self._trusted(ctx)
+        known = trusted.actor if trusted is not None else None
         self.forget(ctx.job.session)
         try:
             actor = known or await self._get(env.atespace, name)
