@@ -177,13 +177,16 @@ class ActorKeeper:
         if cached is not None:
             cached.verified_at = time.monotonic()
 
-    async def _bind(self, ctx: JobContext, actor: Actor) -> GuestClient:
-        """Connect to the guest of a fresh RUNNING answer and check (or bind) its identity."""
+    async def _bind(self, ctx: JobContext, actor: Actor, probe: bool = True) -> GuestClient:
+        """Connect to the guest of a fresh RUNNING answer and check (or bind) its identity.
+        `probe` False: a call on it follows at once, and every request names the actor, so that
+        call checks (or binds) it instead; a mismatch there is GuestGone like any other."""
         guest = GuestClient(await self.router.address(actor), actor=actor.name)
         try:
             # Proves the guest serves this actor: one serving another (a reused slot or pod)
             # answers ActorMismatch.
-            await guest.list_processes()
+            if probe:
+                await guest.list_processes()
         except GuestError:
             await guest.aclose()
             raise
@@ -207,9 +210,11 @@ class ActorKeeper:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    async def resume(self, ctx: JobContext, session: dict[str, str] | None = None) -> dict[str, Any]:
+    async def resume(self, ctx: JobContext, session: dict[str, str] | None = None,
+                     call_follows: bool = False) -> dict[str, Any]:
         """Create if absent, resume, wait RUNNING, bind the guest. Answers seed's `{"status":"ok"}`+.
-        `session`: the session hash when the caller just read it."""
+        `session`: the session hash when the caller just read it; `call_follows`: a tool call on
+        the guest comes next (see _bind)."""
         env = self._env(ctx)
         name = actor_name(env.name, ctx.job.session_id)
         session = session if session is not None else await ctx.session()
@@ -229,7 +234,7 @@ class ActorKeeper:
             raise JobFailed(problem(507, "workspace_over_quota", "Workspace over quota", str(err))) from err
         except SubstrateError as err:
             raise await self._failure(env.atespace, name, err) from err
-        await self._bind(ctx, actor)
+        await self._bind(ctx, actor, probe=not call_follows)
         took_ms = round((time.monotonic() - started) * 1000, 1)
         cold = not session.get("resumed")
         await ctx.update_session(state="running", actor=name, resumed="1", cold_start="1" if cold else "0",
@@ -390,11 +395,18 @@ class ActorKeeper:
             if not auto_resume:
                 raise session_not_running(ctx.job.environment, ctx.job.session_id,
                                           "suspended" if state == "running" else state)
-        await self.resume(ctx, info)
+        await self.resume(ctx, info, call_follows=True)
         cached = self._guests[ctx.job.session]
         return cached.guest
 
-    async def background_processes(self, ctx: JobContext) -> list[dict[str, Any]]:
+    async def background_processes(self, ctx: JobContext, session: dict[str, str] | None = None,
+                                   ) -> list[dict[str, Any]]:
+        """The session's running background processes, as its guest lists them. `session`: the
+        session hash when the caller read it; one that records none skips the guest call, since
+        the call that started a process recorded it before its job ended and this session's
+        later jobs run after it (the FIFO)."""
+        if session is not None and session.get("background_processes") in (None, "", "[]"):
+            return []
         guest = await self.running_guest(ctx)
         if guest is None:
             return []

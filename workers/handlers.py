@@ -109,7 +109,7 @@ class JobHandlers:
             reason = "session was active since the idle check"
         elif await ctx.peek_next_job() is not None:
             reason = "more work is queued"
-        elif env and not env.suspend_with_background and await self.actors.background_processes(ctx):
+        elif env and not env.suspend_with_background and await self.actors.background_processes(ctx, session):
             reason = "background processes are running"
         if reason:
             return {"status": "skipped", "reason": reason}
@@ -141,7 +141,7 @@ class JobHandlers:
         if tool == "process" or (tool == "bash" and arguments.get("background")):
             await self._record_background(ctx, guest)
         if auto_resume and not await self._next_call_resumes(ctx) \
-                and not await self.actors.background_processes(ctx):
+                and not await self.actors.background_processes(ctx, await ctx.session()):
             # Seed semantics: resume before, suspend after; skipped when the next queued job
             # would resume again at once (coalescing saves a snapshot and a restore), and while
             # background processes run (the session then stays up; idle suspension applies).
@@ -149,7 +149,8 @@ class JobHandlers:
         return render_result(ToolCall.from_job_payload(payload), result)
 
     async def _record_background(self, ctx: JobContext, guest: GuestClient) -> None:
-        """Keep the session's running background processes on its record, for `GET session`."""
+        """Keep the session's running background processes on its record: `GET session` shows
+        them, and a park or auto-resume suspend asks the guest only when it lists some."""
         running = [{"process_id": p["process_id"], "pid": p["pid"], "command": p["command"][:200],
                     "started_at": p["started_at"]}
                    for p in await guest.list_processes() if p["status"] == "running"]
