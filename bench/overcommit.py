@@ -8,7 +8,8 @@ write_file with the whole expected content) or reads it back, and every answer i
 what the session wrote so far, so a call out of order or a file lost across a park shows.
 
 A call is a "wake" when the session view said `suspended` just before it (the fleet had parked
-it): its end-to-end latency is the wake latency.
+it): its end-to-end latency is the wake latency. It also prints the fleet's CPU per call by role
+(from /proc, the start-up included): on a machine the fleet saturates, that sets the call rate.
 
     .venv/bin/python bench/overcommit.py [--sessions 200] [--calls 10]
 
@@ -39,7 +40,7 @@ from typing import Any  # noqa: E402
 
 import httpx  # noqa: E402
 
-from bench.e2e import Conn  # noqa: E402
+from bench.e2e import Conn, cpu_by_role  # noqa: E402
 from tests.e2e.conftest import RunningFleet, base_config, free_port, start_fleet  # noqa: E402
 
 ENV = "my-env"
@@ -151,10 +152,15 @@ def parks_total(fleet: RunningFleet) -> int:
 async def run(fleet: RunningFleet, sessions: int, calls: int, seed: int) -> dict[str, Any]:
     figures = Figures()
     rng = random.Random(seed)
-    began = time.perf_counter()
+    roles0, client0, began = cpu_by_role(fleet.process.pid), time.process_time(), time.perf_counter()
     await asyncio.gather(*(agent(fleet.url, f"oc-{uuid.uuid4().hex[:10]}", calls, figures,
                                  random.Random(rng.random())) for _ in range(sessions)))
     elapsed = time.perf_counter() - began
+    roles1, client_s = cpu_by_role(fleet.process.pid), time.process_time() - client0
+    # CPU per call, start-up included: on a CPU-bound machine it is what sets the call rate.
+    role_ms = {r: round((roles1[r] - roles0.get(r, 0.0)) * 1000 / max(figures.ok, 1), 2) for r in roles1}
+    print(f"fleet CPU ms per call by role: {json.dumps(role_ms)}; "
+          f"this client: {client_s * 1000 / max(figures.ok, 1):.2f}")
     capacity = httpx.get(f"{fleet.url}/v1/capacity", timeout=30).json()
     after = [ms for at, ms in figures.calls if at >= figures.resumed_by]
     for line in figures.failures[:20]:
@@ -179,6 +185,7 @@ async def run(fleet: RunningFleet, sessions: int, calls: int, seed: int) -> dict
         "overcommit_call_p99_ms_after_start": pct(after, 0.99),
         "overcommit_calls_after_start": len(after),
         "overcommit_elapsed_s": round(elapsed, 1),
+        "overcommit_fleet_cpu_ms_per_call": round(sum(role_ms.values()), 1),
     }
 
 

@@ -131,6 +131,29 @@ def test_background_process_of_an_auto_resume_call_survives_it(small_fleet: Runn
         assert c.post(f"{_base(sid)}/suspend", params={"force": "true"}).status_code == 200
 
 
+def test_pressure_parks_others_not_a_session_running_a_background_process(small_fleet: RunningFleet) -> None:
+    keeper = f"bgk-{uuid.uuid4().hex[:8]}"
+    others = [f"bgo-{uuid.uuid4().hex[:8]}-{i}" for i in range(SLOTS * 2)]
+    with small_fleet.client() as c:
+        # given a session that started a background process with a plain call (no auto_resume)
+        assert c.post(f"{_base(keeper)}/resume").status_code == 200
+        r = c.post(_base(keeper), json=_call("bash", command="sleep 60", background=True))
+        assert r.status_code == 200, r.text
+        # when more sessions than the other slots resume and call, one after another
+        for sid in others:
+            assert c.post(f"{_base(sid)}/resume").status_code == 200
+            r = c.post(_base(sid), json=_call("write_file", path="m.txt", content=sid))
+            assert r.status_code == 200, r.text
+        # then pressure parked the others, never the session whose process runs, and it still runs
+        assert {_view(c, sid)["suspended_by"] for sid in others[:-SLOTS]} == {"pressure"}
+        view = _view(c, keeper)
+        assert view["state"] == "running" and len(view["background_processes"]) == 1
+        r = c.post(_base(keeper), json=_call("bash", command="pgrep -c sleep"))
+        assert r.status_code == 200 and r.json()["output"].strip() == "1", r.text
+        # (clean up: a forced suspend frees the slot for the other tests)
+        assert c.post(f"{_base(keeper)}/suspend", params={"force": "true"}).status_code == 200
+
+
 def test_capacity_shape(small_fleet: RunningFleet) -> None:
     with small_fleet.client() as c:
         r = c.get("/v1/capacity")
