@@ -53,10 +53,12 @@ PARKED_STATES = ("suspended", "suspending", "resuming")
 
 @dataclass(frozen=True)
 class Turn:
-    """Where a waiting resume stands: its place (0 = first) and a session it should park now."""
+    """Where a waiting resume stands: its place (0 = first), a session it should park now, and
+    whether the park it asked for last is still in flight."""
 
     rank: int
     park: str | None
+    park_in_flight: bool = False
 
     @property
     def admitted(self) -> bool:
@@ -88,14 +90,15 @@ class Capacity:
             self.redis.hget(k.capacity_workers, "total"))
         return int(waiting) > 0 or (total is not None and int(running) >= int(text(total)))
 
-    async def turn(self, session: str, since_ms: int | None = None) -> Turn:
+    async def turn(self, session: str, since_ms: int | None = None, parking: str | None = None) -> Turn:
         """Join the wait queue at `since_ms` (when the waiting job was created: first come, first
-        served; now by default), or keep the place; maybe get a session to park (see the script)."""
+        served; now by default), or keep the place; maybe get a session to park (see the script).
+        `parking`: the session this waiter asked to park last (no other while it is in flight)."""
         now = now_ms()
-        rank, park = await self._scripts.call(self._turn, args=[
+        rank, park, in_flight = await self._scripts.call(self._turn, args=[
             session, now, since_ms or now, int(self.config.workers.min_idle_s * 1000), PARK_LAPSE_MS,
-            2 * ADMIT_WINDOW, *self._background_ok])
-        return Turn(int(rank), text(park) or None)
+            2 * ADMIT_WINDOW, parking or "", *self._background_ok])
+        return Turn(int(rank), text(park) or None, bool(int(in_flight)))
 
     async def position(self, session: str) -> tuple[int, float] | None:
         """(place in the wait queue, unix s it started waiting), or None when it does not wait."""

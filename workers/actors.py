@@ -55,13 +55,17 @@ log = logging.getLogger("atefleet.worker.actors")
 GUEST_TRUST_S = 2.0
 #: How often a waiting resume looks at its place (s): the further back, the less often, up to
 #: the maximum. Admitted ones ask Substrate again as soon as this worker finishes a suspend (most
-#: parks), else after ADMITTED_RETRY_S (a worker freed elsewhere: another process, a cluster).
+#: parks), else after ADMITTED_RETRY_S (a worker freed elsewhere: another process, a cluster);
+#: one whose own park is in flight looks again after ADMITTED_RETRY_S or when that park ends.
 CAPACITY_POLL_S = 0.05
 CAPACITY_POLL_MAX_S = 1.0
 ADMITTED_RETRY_S = 0.25
 #: After a suspend, admitted waiters ask in the order of their places, this far apart (s): a
 #: freed worker goes to the one first in line, not to whichever asks first.
 ADMITTED_STAGGER_S = 0.02
+#: How long a waiter relies on the park it asked for (s) before it asks Substrate like the others:
+#: longer than a park takes on a busy fleet, short enough that one held up is not waited out.
+PARK_PATIENCE_S = 2.0
 #: Principal recorded on the park jobs a waiting resume enqueues.
 PARK_PRINCIPAL = "capacity"
 #: How long to wait for an actor another operation left RESUMING/SUSPENDING, seconds.
@@ -102,7 +106,7 @@ class ActorKeeper:
         #: `set_waiting`, wired by workers.main): those turns do not hold its concurrency.
         self.on_waiting: Callable[[int], None] = lambda turns: None
         self._waiting = 0
-        #: Set (and replaced) whenever this worker finishes a suspend: a Substrate worker is free.
+        #: Set (and replaced) whenever this worker frees a Substrate worker no waiter here is owed.
         self._freed = asyncio.Event()
         #: Waiting session → set when the park it asked for ended here (see `park_ended`).
         self._parks_for: dict[str, asyncio.Event] = {}
@@ -288,17 +292,30 @@ class ActorKeeper:
         # Set when the park this resume asked for ends: the worker it freed is its to take, so it
         # asks at once whatever its place (the park was its share of the queue's parks).
         parked = self._parks_for.setdefault(session, asyncio.Event())
+        # The session this waiter asked to park, while that park is in flight: the worker it
+        # will free is not free yet, and one another park frees goes to that park's waiter, so
+        # asking Substrate meanwhile would only be refused. Its end (seen here, or in Redis when
+        # another worker process ran it) makes the waiter ask at once, whatever its place.
+        victim: str | None = None
+        victim_by = 0.0
         try:
             while True:
                 if ctx.cancel_requested:
                     raise JobCancelled("cancelled while waiting for a Substrate worker")
-                turn = await self.capacity.turn(session, since_ms) if waiting else None
+                if victim is not None and time.monotonic() > victim_by:
+                    # Its park waits behind a call of that session, or died with its worker
+                    # (re-run after the lease): ask like a waiter without one meanwhile.
+                    victim = None
+                turn = await self.capacity.turn(session, since_ms, victim) if waiting else None
+                park_ended = victim is not None and turn is not None and not turn.park_in_flight
+                if park_ended:
+                    victim = None
                 if turn is not None and turn.park is not None:
                     await self._request_park(ctx, turn.park)
-                # A waiter that just asked for a park waits for it to end: the worker it frees
-                # is not free yet, and asking Substrate now would only be refused.
-                if turn is None or parked.is_set() or (turn.admitted and turn.park is None):
+                    victim, victim_by = turn.park, time.monotonic() + PARK_PATIENCE_S
+                if turn is None or parked.is_set() or park_ended or (turn.admitted and victim is None):
                     parked.clear()
+                    victim = None
                     try:
                         return await self.substrate.resume_actor(atespace, name)
                     except NoFreeWorkers:
@@ -307,7 +324,7 @@ class ActorKeeper:
                             continue
                 if time.monotonic() > deadline:
                     raise self._no_capacity(ctx, turn)
-                await self._pause(turn, parked)
+                await self._pause(turn, parked, victim is not None)
         finally:
             self._parks_for.pop(session, None)
             if waiting:
@@ -315,15 +332,21 @@ class ActorKeeper:
                 await self.capacity.leave(session)
 
     def park_ended(self, for_session: str) -> None:
-        """A park asked for by `for_session`'s waiting resume ended (done or skipped)."""
+        """A park asked for by `for_session`'s waiting resume ended (done or skipped). The worker
+        it freed is that waiter's: only the waiter is told, so the admitted waiters without a
+        park of their own do not race it to Substrate (only one would get it); with the waiter
+        gone, they all are."""
         event = self._parks_for.get(for_session)
         if event is not None:
             event.set()
+        else:
+            self._worker_freed()
 
-    async def _pause(self, turn: Turn | None, parked: asyncio.Event) -> None:
-        if turn is not None and not turn.admitted:
+    async def _pause(self, turn: Turn | None, parked: asyncio.Event, park_in_flight: bool) -> None:
+        if park_in_flight or (turn is not None and not turn.admitted):
+            wait_s = ADMITTED_RETRY_S if turn is None or turn.admitted else _poll_s(turn)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(parked.wait(), _poll_s(turn))
+                await asyncio.wait_for(parked.wait(), wait_s)
             return
         freed, mine = asyncio.ensure_future(self._freed.wait()), asyncio.ensure_future(parked.wait())
         done, pending = await asyncio.wait((freed, mine), timeout=ADMITTED_RETRY_S,
@@ -457,7 +480,8 @@ class ActorKeeper:
             "snapshot_bytes": str(actor.snapshot_bytes)}
         await ctx.update_session(state="suspended", last_suspend_ms=str(took_ms), background_processes="[]",
                                  suspended_by=str(by), **size)
-        self._worker_freed()
+        if by is not SuspendedBy.PRESSURE:
+            self._worker_freed()  # a pressure park's worker is its waiter's (see park_ended)
         await self.capacity.suspended(ctx.job.session, by, ctx.job.id)
         if by in FLEET_PARKS:
             PARKS.labels(reason=str(by)).inc()

@@ -9,9 +9,11 @@
 --         re-run of the job after its worker died takes the same place again)
 -- ARGV[4] minimum idle ms   ARGV[5] ms after which a park in flight is forgotten (its job died
 --         with its worker and is re-run by queue repair; the waiter may pick another)
--- ARGV[6] how many waiters at the front are checked for a lease   ARGV[7..] environments whose
---         sessions may be parked while background processes run
--- Returns {rank (0 = first in line), session to park or ''}
+-- ARGV[6] how many waiters at the front are checked for a lease   ARGV[7] the session this waiter
+--         asked to park last, or ''   ARGV[8..] environments whose sessions may be parked while
+--         background processes run
+-- Returns {rank (0 = first in line), session to park or '' (always '' when ARGV[7] is given),
+-- 1 while the park ARGV[7] names is still in flight, else 0}
 -- Touches: capacity:wait, capacity:parking, running; reads lease:{s} of the first waiters, and
 -- sess:{s}, lease:{s}, sq:{s} of the running sessions (as many as Substrate has workers busy;
 -- computed: sessions read from capacity:wait and running).
@@ -25,9 +27,12 @@ end
 redis.call('ZADD', K_CAPACITY_WAIT, 'NX', tonumber(ARGV[3]), me)
 local rank = redis.call('ZRANK', K_CAPACITY_WAIT, me)
 redis.call('ZREMRANGEBYSCORE', K_PARKING, '-inf', now - tonumber(ARGV[5]))
-if redis.call('ZCARD', K_PARKING) > rank then return {rank, ''} end
+-- A waiter whose park is in flight gets no other; one whose park just ended asks Substrate for
+-- the worker it freed before it may get another.
+if ARGV[7] ~= '' then return {rank, '', redis.call('ZSCORE', K_PARKING, ARGV[7]) and 1 or 0} end
+if redis.call('ZCARD', K_PARKING) > rank then return {rank, '', 0} end
 local background_ok = {}
-for i = 7, #ARGV do background_ok[ARGV[i]] = true end
+for i = 8, #ARGV do background_ok[ARGV[i]] = true end
 local min_idle = tonumber(ARGV[4])
 local best, best_at = '', nil
 for _, s in ipairs(redis.call('ZRANGE', K_RUNNING, 0, -1)) do
@@ -44,4 +49,4 @@ for _, s in ipairs(redis.call('ZRANGE', K_RUNNING, 0, -1)) do
   end
 end
 if best ~= '' then redis.call('ZADD', K_PARKING, now, best) end
-return {rank, best}
+return {rank, best, 0}

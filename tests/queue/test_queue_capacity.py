@@ -115,6 +115,30 @@ async def test_the_session_idle_longest_is_parked(redis_client: aioredis.Redis, 
     assert view["sessions"]["parked"] == 1 and view["sessions"]["waiting"] == 3
 
 
+async def test_a_waiter_is_told_while_its_own_park_is_in_flight(redis_client: aioredis.Redis,
+                                                                 capacity: Capacity) -> None:
+    # given two idle sessions and a waiter at the back of the line that was given one to park
+    await _running(redis_client, f"{ENV}/idle-1", idle_s=60)
+    await _running(redis_client, f"{ENV}/idle-2", idle_s=30)
+    for waiter in ("w/front", "w/back"):
+        await _lease(redis_client, waiter)
+    assert (await capacity.turn("w/front")).park == f"{ENV}/idle-1"
+    assert (await capacity.turn("w/back")).park == f"{ENV}/idle-2"
+    # when the back one asks again naming its park, then it is in flight and no other is given,
+    # though the front one's park ended (fewer parks in flight than waiters up to it)
+    await capacity.park_finished(f"{ENV}/idle-1")
+    await _running(redis_client, f"{ENV}/idle-3", idle_s=90)
+    turn = await capacity.turn("w/back", parking=f"{ENV}/idle-2")
+    assert turn.park_in_flight and turn.park is None and turn.rank == 1
+    # when its park ends (here or in another worker process), then the turn says so, and gives
+    # no other park before the waiter has asked Substrate for the worker that park freed
+    await capacity.park_finished(f"{ENV}/idle-2")
+    turn = await capacity.turn("w/back", parking=f"{ENV}/idle-2")
+    assert not turn.park_in_flight and turn.park is None
+    # and asking again without it (Substrate refused) gives the next park
+    assert (await capacity.turn("w/back")).park == f"{ENV}/idle-3"
+
+
 async def test_a_session_no_longer_running_is_dropped_from_the_candidates(redis_client: aioredis.Redis,
                                                                           capacity: Capacity) -> None:
     await _running(redis_client, f"{ENV}/gone", idle_s=30)
