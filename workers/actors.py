@@ -14,7 +14,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from common.actor_names import actor_name
@@ -55,17 +55,13 @@ log = logging.getLogger("atefleet.worker.actors")
 GUEST_TRUST_S = 2.0
 #: How often a waiting resume looks at its place (s): the further back, the less often, up to
 #: the maximum. Admitted ones ask Substrate again as soon as this worker finishes a suspend (most
-#: parks), else after ADMITTED_RETRY_S (a worker freed elsewhere: another process, a cluster);
-#: one whose own park is in flight looks again after ADMITTED_RETRY_S or when that park ends.
+#: parks), else after ADMITTED_RETRY_S (a worker freed elsewhere: another process, a cluster).
 CAPACITY_POLL_S = 0.05
 CAPACITY_POLL_MAX_S = 1.0
 ADMITTED_RETRY_S = 0.25
 #: After a suspend, admitted waiters ask in the order of their places, this far apart (s): a
 #: freed worker goes to the one first in line, not to whichever asks first.
 ADMITTED_STAGGER_S = 0.02
-#: How long a waiter relies on the park it asked for (s) before it asks Substrate like the others:
-#: longer than a park takes on a busy fleet, short enough that one held up is not waited out.
-PARK_PATIENCE_S = 2.0
 #: Principal recorded on the park jobs a waiting resume enqueues.
 PARK_PRINCIPAL = "capacity"
 #: How long to wait for an actor another operation left RESUMING/SUSPENDING, seconds.
@@ -93,6 +89,20 @@ class RunningGuest:
     verified_at: float
 
 
+#: The place of a waiter that has not asked for it yet: behind every ranked one.
+_NOT_RANKED = 1 << 30
+
+
+@dataclass
+class _Waiter:
+    """A resume of this process waiting for a Substrate worker."""
+
+    #: Its place in line when it last looked (0 = first).
+    rank: int
+    #: Set when a park here freed a worker for it (see ActorKeeper.park_ended).
+    woken: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 class ActorKeeper:
     """Owns the Substrate client, the guest router, and the per-epoch guest cache of a worker."""
 
@@ -108,8 +118,8 @@ class ActorKeeper:
         self._waiting = 0
         #: Set (and replaced) whenever this worker frees a Substrate worker no waiter here is owed.
         self._freed = asyncio.Event()
-        #: Waiting session → set when the park it asked for ended here (see `park_ended`).
-        self._parks_for: dict[str, asyncio.Event] = {}
+        #: The resumes of this process waiting for a Substrate worker, by session (see park_ended).
+        self._waiters: dict[str, _Waiter] = {}
         #: Guests of recently served sessions, least recently used first (bounded, see _remember).
         self._guests: OrderedDict[str, RunningGuest] = OrderedDict()
         self._max_cached = max(64, config.workers.concurrency * 4)
@@ -289,33 +299,27 @@ class ActorKeeper:
         # Straight to the queue when it is not empty (fair) or every worker is known busy (a
         # resume would only be refused).
         waiting = await self.capacity.full_or_waiting() and self._wait_begins()
-        # Set when the park this resume asked for ends: the worker it freed is its to take, so it
-        # asks at once whatever its place (the park was its share of the queue's parks).
-        parked = self._parks_for.setdefault(session, asyncio.Event())
-        # The session this waiter asked to park, while that park is in flight: the worker it
-        # will free is not free yet, and one another park frees goes to that park's waiter, so
-        # asking Substrate meanwhile would only be refused. Its end (seen here, or in Redis when
-        # another worker process ran it) makes the waiter ask at once, whatever its place.
+        me = _Waiter(rank=_NOT_RANKED)
+        self._waiters[session] = me
+        # The session this waiter asked to park, while that park is in flight: no other is
+        # asked for meanwhile (capacity_turn), so parks in flight never outnumber the waiters.
         victim: str | None = None
-        victim_by = 0.0
         try:
             while True:
                 if ctx.cancel_requested:
                     raise JobCancelled("cancelled while waiting for a Substrate worker")
-                if victim is not None and time.monotonic() > victim_by:
-                    # Its park waits behind a call of that session, or died with its worker
-                    # (re-run after the lease): ask like a waiter without one meanwhile.
-                    victim = None
                 turn = await self.capacity.turn(session, since_ms, victim) if waiting else None
-                park_ended = victim is not None and turn is not None and not turn.park_in_flight
-                if park_ended:
-                    victim = None
-                if turn is not None and turn.park is not None:
-                    await self._request_park(ctx, turn.park)
-                    victim, victim_by = turn.park, time.monotonic() + PARK_PATIENCE_S
-                if turn is None or parked.is_set() or park_ended or (turn.admitted and victim is None):
-                    parked.clear()
-                    victim = None
+                if turn is not None:
+                    me.rank = turn.rank
+                    if not turn.park_in_flight:
+                        victim = None
+                    if turn.park is not None:
+                        await self._request_park(ctx, turn.park)
+                        victim = turn.park
+                # Told a park freed a worker for it; else admitted, and not in the turn that just
+                # asked for a park (the worker it frees is not free yet).
+                if turn is None or me.woken.is_set() or (turn.admitted and turn.park is None):
+                    me.woken.clear()
                     try:
                         return await self.substrate.resume_actor(atespace, name)
                     except NoFreeWorkers:
@@ -324,29 +328,30 @@ class ActorKeeper:
                             continue
                 if time.monotonic() > deadline:
                     raise self._no_capacity(ctx, turn)
-                await self._pause(turn, parked, victim is not None)
+                await self._pause(turn, me.woken)
         finally:
-            self._parks_for.pop(session, None)
+            self._waiters.pop(session, None)
             if waiting:
                 self._wait_ends()
                 await self.capacity.leave(session)
 
-    def park_ended(self, for_session: str) -> None:
-        """A park asked for by `for_session`'s waiting resume ended (done or skipped). The worker
-        it freed is that waiter's: only the waiter is told, so the admitted waiters without a
-        park of their own do not race it to Substrate (only one would get it); with the waiter
-        gone, they all are."""
-        event = self._parks_for.get(for_session)
-        if event is not None:
-            event.set()
+    def park_ended(self) -> None:
+        """A pressure park ended here (done or skipped). The worker it freed goes to the waiter
+        first in line in this process, whichever waiter asked for the park (parks are asked for
+        all along the line, so that they overlap; their workers go in the line's order), and
+        only that waiter is told, so no other asks Substrate for it in vain. None waiting here:
+        the admitted ones are told as after any suspend."""
+        front = min((w for w in self._waiters.values() if not w.woken.is_set()),
+                    key=lambda w: w.rank, default=None)
+        if front is not None:
+            front.woken.set()
         else:
             self._worker_freed()
 
-    async def _pause(self, turn: Turn | None, parked: asyncio.Event, park_in_flight: bool) -> None:
-        if park_in_flight or (turn is not None and not turn.admitted):
-            wait_s = ADMITTED_RETRY_S if turn is None or turn.admitted else _poll_s(turn)
+    async def _pause(self, turn: Turn | None, parked: asyncio.Event) -> None:
+        if turn is not None and not turn.admitted:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(parked.wait(), wait_s)
+                await asyncio.wait_for(parked.wait(), _poll_s(turn))
             return
         freed, mine = asyncio.ensure_future(self._freed.wait()), asyncio.ensure_future(parked.wait())
         done, pending = await asyncio.wait((freed, mine), timeout=ADMITTED_RETRY_S,
@@ -481,7 +486,7 @@ class ActorKeeper:
         await ctx.update_session(state="suspended", last_suspend_ms=str(took_ms), background_processes="[]",
                                  suspended_by=str(by), **size)
         if by is not SuspendedBy.PRESSURE:
-            self._worker_freed()  # a pressure park's worker is its waiter's (see park_ended)
+            self._worker_freed()  # a pressure park's worker goes to the front (see park_ended)
         await self.capacity.suspended(ctx.job.session, by, ctx.job.id)
         if by in FLEET_PARKS:
             PARKS.labels(reason=str(by)).inc()

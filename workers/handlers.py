@@ -90,7 +90,7 @@ class JobHandlers:
         finally:
             if by is SuspendedBy.PRESSURE:
                 await self.actors.capacity.park_finished(ctx.job.session)
-                self.actors.park_ended(str(ctx.job.payload.get("for") or ""))
+                self.actors.park_ended()
 
     async def _park(self, ctx: JobContext, by: SuspendedBy) -> dict[str, Any]:
         env = self.config.environment(ctx.job.environment)

@@ -27,8 +27,8 @@ end
 redis.call('ZADD', K_CAPACITY_WAIT, 'NX', tonumber(ARGV[3]), me)
 local rank = redis.call('ZRANK', K_CAPACITY_WAIT, me)
 redis.call('ZREMRANGEBYSCORE', K_PARKING, '-inf', now - tonumber(ARGV[5]))
--- A waiter whose park is in flight gets no other; one whose park just ended asks Substrate for
--- the worker it freed before it may get another.
+-- A waiter whose park is in flight gets no other (parks in flight never outnumber the waiters);
+-- one whose park has ended may get another at its next turn.
 if ARGV[7] ~= '' then return {rank, '', redis.call('ZSCORE', K_PARKING, ARGV[7]) and 1 or 0} end
 if redis.call('ZCARD', K_PARKING) > rank then return {rank, '', 0} end
 local background_ok = {}

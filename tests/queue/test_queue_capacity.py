@@ -14,6 +14,7 @@ from common.capacity import ADMIT_WINDOW, Capacity, SuspendedBy
 from common.config import Config, parse_config
 from common.queue.keys import Keys
 from common.redis.client import RedisClient
+from workers.actors import ActorKeeper, _Waiter
 
 ENV = "cap-env"
 BG_ENV = "bg-env"  # suspend_with_background: its background processes do not stop a park
@@ -154,3 +155,20 @@ async def test_view_before_any_worker_count(capacity: Capacity) -> None:
     assert view["wait_queue"] == {"length": 0, "oldest_wait_s": 0.0, "admit_window": ADMIT_WINDOW}
     await capacity.publish_workers(8, 5)
     assert (await capacity.view())["workers"]["free"] == 3
+
+
+async def test_a_pressure_parks_worker_goes_to_the_front_waiter_here(config: Config) -> None:
+    # (pure logic: which waiter of a worker process a park's end tells)
+    keeper = ActorKeeper(config, substrate=None, router=None, capacity=None)  # type: ignore[arg-type]
+    waiters = {s: _Waiter(rank=r) for s, r in (("e/back", 7), ("e/front", 1), ("e/middle", 3))}
+    keeper._waiters.update(waiters)
+    freed = keeper._freed
+    # when parks end one after another, then each tells the front-most waiter not told yet
+    keeper.park_ended()
+    assert [s for s, w in waiters.items() if w.woken.is_set()] == ["e/front"]
+    keeper.park_ended()
+    keeper.park_ended()
+    assert all(w.woken.is_set() for w in waiters.values()) and not freed.is_set()
+    # and one more, with every waiter told, frees the worker for any admitted waiter
+    keeper.park_ended()
+    assert freed.is_set()
