@@ -348,12 +348,12 @@ class ActorKeeper:
         else:
             self._worker_freed()
 
-    async def _pause(self, turn: Turn | None, parked: asyncio.Event) -> None:
+    async def _pause(self, turn: Turn | None, woken: asyncio.Event) -> None:
         if turn is not None and not turn.admitted:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(parked.wait(), _poll_s(turn))
+                await asyncio.wait_for(woken.wait(), _poll_s(turn))
             return
-        freed, mine = asyncio.ensure_future(self._freed.wait()), asyncio.ensure_future(parked.wait())
+        freed, mine = asyncio.ensure_future(self._freed.wait()), asyncio.ensure_future(woken.wait())
         done, pending = await asyncio.wait((freed, mine), timeout=ADMITTED_RETRY_S,
                                            return_when=asyncio.FIRST_COMPLETED)
         for task in pending:
