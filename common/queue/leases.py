@@ -1,11 +1,11 @@
 """LeaseKeeper: the sessions one Consumer holds, their lease renewal, cancel requests and losses.
 
 All held leases are renewed together, one script call every TTL/3. A lease that renewal finds
-gone (or cannot renew before it expires) is reported to its turn (common/queue/turn.py), which
-decides what the loss means where it is: a handler running is told (ctx.cancelled,
-ctx.lease_lost) and cancelled, an outcome write in flight reports a real loss itself. Losses are
-counted and logged here. Cancel requests arrive on one pub/sub channel; renewals also report
-them, in case a message was missed.
+gone, or that expires here before a renewal answers, is reported to its turn
+(common/queue/turn.py), which decides what the loss means where it is: a handler running is told
+(ctx.cancelled, ctx.lease_lost) and cancelled, an outcome write in flight reports a real loss
+itself. Losses are counted and logged here. Cancel requests arrive on one pub/sub channel;
+renewals also report them, in case a message was missed.
 """
 
 from __future__ import annotations
@@ -98,21 +98,44 @@ class LeaseKeeper:
                     turn.lease.session, turn.lease.epoch, turn.job_id, self.worker_id, why)
 
     async def renew_loop(self) -> None:
+        """Renew every held lease each TTL/3 (counted from the last renewal sent). A lease whose
+        expiry here passes before a renewal answers is lost then, not when the answer comes. A
+        renewed lease's expiry here is counted from when the renewal was sent, so it comes no
+        later than in Redis: the handler is cancelled before another worker can take the session,
+        however slow Redis or this loop is."""
+        period = self.ttl_s / 3
+        next_at = time.monotonic() + period
         while True:
-            await asyncio.sleep(self.ttl_s / 3)
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            self._lose_expired("no renewal before its expiry")  # this loop ran late
             turns = [t for t in self._turns.values() if t.state in HOLDING]
+            started = time.monotonic()
+            next_at = started + period
             if not turns:
                 continue
-            started = time.monotonic()
             try:
-                answers = await self.queue.renew([(t.lease, t.job_id) for t in turns])
+                answers = await self._renewed(turns)
             except Exception as err:  # any failure to renew counts against the leases' expiry
                 if not isinstance(err, TRANSIENT):
                     log.exception("lease renewal failed")
-                self._expire_unrenewed(err)
+                self._lose_expired(f"could not renew: {err}")
                 continue
             for turn, answer in zip(turns, answers, strict=True):
                 self._apply_renewal(turn, answer, started)
+
+    async def _renewed(self, turns: list[Turn]) -> list[int]:
+        """The answers to one renewal of `turns`; meanwhile each lease whose expiry passes is lost."""
+        renewal = asyncio.ensure_future(self.queue.renew([(t.lease, t.job_id) for t in turns]))
+        try:
+            while True:
+                expiries = [t.expires_at for t in self._turns.values() if t.state in HOLDING]
+                wait_s = max(0.0, min(expiries) - time.monotonic()) if expiries else None
+                done, _ = await asyncio.wait({renewal}, timeout=wait_s)
+                if done:
+                    return renewal.result()
+                self._lose_expired("no renewal answer before its expiry")
+        finally:
+            renewal.cancel()  # only when this loop itself is cancelled (the worker stops)
 
     def _apply_renewal(self, turn: Turn, answer: int, started: float) -> None:
         if self._turns.get(turn.lease.session) is not turn:
@@ -124,12 +147,12 @@ class LeaseKeeper:
         if answer == 2 and turn.ctx is not None:
             turn.ctx.request_cancel()
 
-    def _expire_unrenewed(self, err: BaseException) -> None:
-        """Redis unreachable: a lease we could not renew before its expiry is lost."""
+    def _lose_expired(self, why: str) -> None:
+        """Each held lease whose expiry here has passed is lost."""
         now = time.monotonic()
         for turn in list(self._turns.values()):
             if turn.expires_at <= now:
-                self.lose(turn, f"could not renew: {err}")
+                self.lose(turn, why)
 
     async def cancel_listener(self) -> None:
         """Cancel requests on the shared channel; renewals re-check `cx` if a message is missed."""

@@ -118,7 +118,7 @@ async def enqueue_sessions(queue: Queue, sessions: int, jobs_per_session: int) -
 
 @dataclass
 class LogEntry:
-    kind: str  # S = start, E = end
+    kind: str  # S = start, E = end, X = interrupted (the handler was cancelled: its lease lost)
     job_id: str
     epoch: int
     worker: str
@@ -143,17 +143,22 @@ async def session_logs(redis: aioredis.Redis, sessions: list[str]) -> dict[str, 
 def check_session_log(entries: list[LogEntry], order: list[str], killed: set[str]) -> list[str]:
     """Problems with one session's executions (empty = FIFO kept, no overlap, nothing skipped).
 
-    An execution that never ended is allowed only if its worker was killed, and the next start
-    must then be the same job under a higher epoch (resumed at the head).
+    An execution that never ended is allowed only if it was interrupted (its worker was killed,
+    or its handler was cancelled because its lease was lost, however late that execution could
+    log it), and the next start must then be the same job under a higher epoch (resumed at the
+    head).
     """
+    cancelled = {(e.job_id, e.epoch) for e in entries if e.kind == "X"}
     problems: list[str] = []
     pos = -1  # index in `order` of the job being worked on
     open_exec: LogEntry | None = None
     last_end: str | None = None
     for e in entries:
+        if e.kind == "X":
+            continue
         if e.kind == "S":
             if open_exec is not None:
-                if open_exec.worker not in killed:
+                if open_exec.worker not in killed and (open_exec.job_id, open_exec.epoch) not in cancelled:
                     problems.append(f"overlap: {e.job_id}@{e.epoch} started while {open_exec.job_id} runs")
                 if e.job_id != open_exec.job_id or e.epoch <= open_exec.epoch:
                     problems.append(f"not resumed at head: {open_exec.job_id} then {e.job_id}")

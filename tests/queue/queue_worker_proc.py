@@ -1,8 +1,9 @@
 """A test worker process: Consumer with a handler that logs start/end per session to Redis.
 
 Each execution appends `S|job|epoch|worker|ts` before and `E|job|epoch|worker|ts` after a random
-min..max job ms sleep to `t:log:<session>`, so tests can detect FIFO violations and overlaps. The
-consumer's counters are mirrored to the hash `t:stats:<worker>`. SIGTERM stops it gracefully.
+min..max job ms sleep to `t:log:<session>` (`X|...` instead of `E` when its handler is cancelled),
+so tests can detect FIFO violations and overlaps. The consumer's counters are mirrored to the hash
+`t:stats:<worker>`. SIGTERM stops it gracefully.
 With `--redis-url` given more than once, the process serves each of those Redis servers (cells,
 docs/scaling.md) with a Consumer of its own, logging and mirroring into that cell's Redis.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import random
 import signal
@@ -60,9 +62,15 @@ async def serve_cell(url: str, args: argparse.Namespace, config: Config, stop: a
 
     async def handler(ctx: JobContext) -> dict[str, Any]:
         key = f"t:log:{ctx.lease.session}"
-        await redis.rpush(key, f"S|{ctx.job.id}|{ctx.epoch}|{args.worker_id}|{time.time()}")
-        await asyncio.sleep(random.uniform(args.min_job_ms, args.max_job_ms) / 1000)
-        await redis.rpush(key, f"E|{ctx.job.id}|{ctx.epoch}|{args.worker_id}|{time.time()}")
+        try:
+            await redis.rpush(key, f"S|{ctx.job.id}|{ctx.epoch}|{args.worker_id}|{time.time()}")
+            await asyncio.sleep(random.uniform(args.min_job_ms, args.max_job_ms) / 1000)
+            await redis.rpush(key, f"E|{ctx.job.id}|{ctx.epoch}|{args.worker_id}|{time.time()}")
+        except asyncio.CancelledError:
+            # The turn lost its lease (or the stop's grace ran out): the job resumes elsewhere.
+            with contextlib.suppress(RedisError, OSError):
+                await redis.rpush(key, f"X|{ctx.job.id}|{ctx.epoch}|{args.worker_id}|{time.time()}")
+            raise
         return {"worker": args.worker_id, "epoch": ctx.epoch}
 
     consumer = Consumer(queue, args.worker_id, handler, concurrency=args.concurrency, block_ms=BLOCK_MS)

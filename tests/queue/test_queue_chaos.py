@@ -49,7 +49,8 @@ def recovery_times(logs: dict[str, list[LogEntry]], kills: dict[str, float]) -> 
     Includes waiting behind other ready sessions when all worker slots are busy.
     """
     out = []
-    for entries in logs.values():
+    for logged in logs.values():
+        entries = [e for e in logged if e.kind != "X"]  # a cancelled execution's late word
         for i, e in enumerate(entries):
             never_ended = i + 1 == len(entries) or entries[i + 1].kind == "S"
             cut = e.kind == "S" and e.worker in kills and never_ended

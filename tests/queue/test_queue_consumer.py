@@ -232,6 +232,42 @@ async def test_lost_lease_cancels_work_logs_and_job_resumes_elsewhere(
     assert rec.epoch > contexts[0].epoch and len(contexts) == 2
 
 
+async def test_a_lease_expiring_while_its_renewal_hangs_cancels_the_handler_by_then(
+    queue: Queue, start_consumer: StartConsumer, repairs: None, redis_client: aioredis.Redis,
+) -> None:
+    contexts: list[JobContext] = []
+    cancelled_at: list[float] = []
+
+    async def stuck(ctx: JobContext) -> dict[str, Any]:
+        contexts.append(ctx)
+        if len(contexts) > 1:
+            return {"epoch": ctx.epoch}
+        try:
+            await asyncio.sleep(60)
+        finally:
+            cancelled_at.append(time.monotonic())
+        return {}
+
+    res = await queue.enqueue(job("s", 0))
+    first = start_consumer(stuck, worker_id="w1")
+    await wait_for(lambda: _true(bool(contexts)), 5, "the job to start")
+    # when Redis stops answering for longer than the lease lasts (its renewal sent, no answer)
+    pause_s = 3.0
+    paused_at = time.monotonic()
+    await redis_client.execute_command("CLIENT", "PAUSE", int(pause_s * 1000))
+    while not cancelled_at and time.monotonic() < paused_at + pause_s + 1:
+        await asyncio.sleep(0.02)
+    # then the worker cancels the handler by the lease's expiry, not when Redis answers again
+    ttl_s = queue.lease_ttl_ms / 1000
+    assert cancelled_at and cancelled_at[0] - paused_at <= ttl_s + 0.3, "handler still running"
+    assert contexts[0].lease_lost and first.stats["leases_lost"] == 1
+    # and once Redis answers, the job resumes at the head under a new epoch and completes once
+    await wait_for(lambda: all_terminal(queue, [res.job_id]), 10, "the job to be resumed")
+    rec = await queue.get_job(res.job_id)
+    assert rec is not None and rec.state == JobState.SUCCEEDED and rec.result == {"epoch": rec.epoch}
+    assert rec.epoch > contexts[0].epoch and len(contexts) == 2
+
+
 async def test_graceful_stop_finishes_current_job_and_releases(
     queue: Queue, start_consumer: StartConsumer
 ) -> None:
