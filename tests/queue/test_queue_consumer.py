@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -199,73 +200,73 @@ async def test_context_writes_output_session_and_peeks(queue: Queue, start_consu
     assert time.time() - float(sess["last_activity"]) < 60
 
 
+@dataclass
+class StuckFirst:
+    """A handler stuck on the session's first job until cancelled; it answers its epoch after."""
+
+    job_id: str = ""
+    contexts: list[JobContext] = field(default_factory=list)
+    #: When the stuck run ended (monotonic): only a cancellation ends it.
+    ended_at: list[float] = field(default_factory=list)
+
+    async def __call__(self, ctx: JobContext) -> dict[str, Any]:
+        self.contexts.append(ctx)
+        if len(self.contexts) > 1:
+            return {"epoch": ctx.epoch}
+        try:
+            await asyncio.sleep(60)
+        finally:
+            self.ended_at.append(time.monotonic())
+        return {}
+
+    async def resumed_elsewhere(self, queue: Queue) -> None:
+        """The job ran again at the head under a new epoch and completed once."""
+        await wait_for(lambda: all_terminal(queue, [self.job_id]), 10, "the job to be resumed")
+        rec = await queue.get_job(self.job_id)
+        assert rec is not None and rec.state == JobState.SUCCEEDED and rec.result == {"epoch": rec.epoch}
+        assert rec.epoch > self.contexts[0].epoch and len(self.contexts) == 2
+
+
+async def start_stuck(queue: Queue, start_consumer: StartConsumer) -> tuple[Consumer, StuckFirst]:
+    """A consumer whose handler is stuck on the one job of session `s`, once that job started."""
+    stuck = StuckFirst((await queue.enqueue(job("s", 0))).job_id)
+    consumer = start_consumer(stuck, worker_id="w1")
+    await wait_for(lambda: _true(bool(stuck.contexts)), 5, "the job to start")
+    return consumer, stuck
+
+
 async def test_lost_lease_cancels_work_logs_and_job_resumes_elsewhere(
     queue: Queue, start_consumer: StartConsumer, repairs: None, redis_client: aioredis.Redis,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="atefleet.queue.consumer")
-    contexts: list[JobContext] = []
-    finished: list[str] = []
-
-    async def stuck(ctx: JobContext) -> dict[str, Any]:
-        contexts.append(ctx)
-        if len(contexts) > 1:
-            return {"epoch": ctx.epoch}
-        try:
-            await asyncio.sleep(60)
-        finally:
-            finished.append("cancelled" if ctx.cancelled.is_set() else "other")
-        return {}
-
-    res = await queue.enqueue(job("s", 0))
-    first = start_consumer(stuck, worker_id="w1")
-    await wait_for(lambda: _true(bool(contexts)), 5, "the job to start")
+    first, stuck = await start_stuck(queue, start_consumer)
     # when the lease disappears behind the worker's back (as after a long stall)
     await redis_client.delete("af:lease:{env/s}")
     await wait_for(lambda: _true(first.stats["leases_lost"] == 1), 5, "the loss to be noticed")
-    assert contexts[0].lease_lost and contexts[0].cancelled.is_set() and finished == ["cancelled"]
+    ctx = stuck.contexts[0]
+    assert ctx.lease_lost and ctx.cancelled.is_set() and len(stuck.ended_at) == 1
     assert "lease lost: session=env/s" in caplog.text
     # then the job is picked up again at the head under a new epoch and completes once
-    await wait_for(lambda: all_terminal(queue, [res.job_id]), 10, "the job to be resumed")
-    rec = await queue.get_job(res.job_id)
-    assert rec is not None and rec.state == JobState.SUCCEEDED and rec.result == {"epoch": rec.epoch}
-    assert rec.epoch > contexts[0].epoch and len(contexts) == 2
+    await stuck.resumed_elsewhere(queue)
 
 
 async def test_a_lease_expiring_while_its_renewal_hangs_cancels_the_handler_by_then(
     queue: Queue, start_consumer: StartConsumer, repairs: None, redis_client: aioredis.Redis,
 ) -> None:
-    contexts: list[JobContext] = []
-    cancelled_at: list[float] = []
-
-    async def stuck(ctx: JobContext) -> dict[str, Any]:
-        contexts.append(ctx)
-        if len(contexts) > 1:
-            return {"epoch": ctx.epoch}
-        try:
-            await asyncio.sleep(60)
-        finally:
-            cancelled_at.append(time.monotonic())
-        return {}
-
-    res = await queue.enqueue(job("s", 0))
-    first = start_consumer(stuck, worker_id="w1")
-    await wait_for(lambda: _true(bool(contexts)), 5, "the job to start")
+    first, stuck = await start_stuck(queue, start_consumer)
     # when Redis stops answering for longer than the lease lasts (its renewal sent, no answer)
     pause_s = 3.0
     paused_at = time.monotonic()
     await redis_client.execute_command("CLIENT", "PAUSE", int(pause_s * 1000))
-    while not cancelled_at and time.monotonic() < paused_at + pause_s + 1:
+    while not stuck.ended_at and time.monotonic() < paused_at + pause_s + 1:
         await asyncio.sleep(0.02)
     # then the worker cancels the handler by the lease's expiry, not when Redis answers again
     ttl_s = queue.lease_ttl_ms / 1000
-    assert cancelled_at and cancelled_at[0] - paused_at <= ttl_s + 0.3, "handler still running"
-    assert contexts[0].lease_lost and first.stats["leases_lost"] == 1
+    assert stuck.ended_at and stuck.ended_at[0] - paused_at <= ttl_s + 0.3, "handler still running"
+    assert stuck.contexts[0].lease_lost and first.stats["leases_lost"] == 1
     # and once Redis answers, the job resumes at the head under a new epoch and completes once
-    await wait_for(lambda: all_terminal(queue, [res.job_id]), 10, "the job to be resumed")
-    rec = await queue.get_job(res.job_id)
-    assert rec is not None and rec.state == JobState.SUCCEEDED and rec.result == {"epoch": rec.epoch}
-    assert rec.epoch > contexts[0].epoch and len(contexts) == 2
+    await stuck.resumed_elsewhere(queue)
 
 
 async def test_graceful_stop_finishes_current_job_and_releases(
