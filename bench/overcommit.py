@@ -143,10 +143,27 @@ async def agent_loop(conn: Conn, sid: str, calls: int, figures: Figures, rng: ra
         written = after
 
 
-def parks_total(fleet: RunningFleet) -> int:
-    text = httpx.get(f"{fleet.url}/metrics", timeout=30).text
-    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+#: The histograms whose mean per label says where a slot's time goes (a wake's `resume` includes
+#: its wait in line; `suspend` is one park's Substrate call).
+OP_HISTOGRAMS = ("atefleet_actor_op_seconds", "atefleet_guest_call_seconds")
+
+
+def parks_total(metrics: str) -> int:
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                    if line.startswith("atefleet_parks_total{")))
+
+
+def op_means_ms(metrics: str) -> dict[str, float]:
+    """Mean ms per operation (`op` or `tool` label) of OP_HISTOGRAMS, over every process."""
+    totals: dict[str, list[float]] = {}
+    for line in metrics.splitlines():
+        name, _, rest = line.partition("{")
+        for hist in OP_HISTOGRAMS:
+            if name in (f"{hist}_sum", f"{hist}_count"):
+                label = rest.split('"')[1]
+                pair = totals.setdefault(label, [0.0, 0.0])
+                pair[name.endswith("_count")] += float(line.rsplit(" ", 1)[1])
+    return {label: round(1000 * s / n, 1) for label, (s, n) in sorted(totals.items()) if n}
 
 
 async def run(fleet: RunningFleet, sessions: int, calls: int, seed: int) -> dict[str, Any]:
@@ -162,6 +179,8 @@ async def run(fleet: RunningFleet, sessions: int, calls: int, seed: int) -> dict
     print(f"fleet CPU ms per call by role: {json.dumps(role_ms)}; "
           f"this client: {client_s * 1000 / max(figures.ok, 1):.2f}")
     capacity = httpx.get(f"{fleet.url}/v1/capacity", timeout=30).json()
+    metrics = httpx.get(f"{fleet.url}/metrics", timeout=30).text
+    print(f"mean ms per operation: {json.dumps(op_means_ms(metrics))}")
     after = [ms for at, ms in figures.calls if at >= figures.resumed_by]
     for line in figures.failures[:20]:
         print("  !", line)
@@ -175,7 +194,7 @@ async def run(fleet: RunningFleet, sessions: int, calls: int, seed: int) -> dict
         "overcommit_call_p99_ms": pct(figures.call_ms, 0.99),
         "overcommit_wake_p50_ms": pct(figures.wake_ms, 0.5),
         "overcommit_wakes": len(figures.wake_ms),
-        "overcommit_parks": parks_total(fleet),
+        "overcommit_parks": parks_total(metrics),
         "overcommit_calls_per_s": round(figures.ok / elapsed, 1),
         # The first resumes are cold (a new sandbox and guest each, 200 at once): calls queue
         # behind them first come first served. After the last one, what parking alone costs.

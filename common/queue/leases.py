@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 
@@ -128,8 +129,10 @@ class LeaseKeeper:
         renewal = asyncio.ensure_future(self.queue.renew([(t.lease, t.job_id) for t in turns]))
         try:
             while True:
-                expiries = [t.expires_at for t in self._turns.values() if t.state in HOLDING]
-                wait_s = max(0.0, min(expiries) - time.monotonic()) if expiries else None
+                # Looked at again at least every period: a turn taken meanwhile expires too.
+                first = min((t.expires_at for t in self._turns.values() if t.state in HOLDING),
+                            default=math.inf)
+                wait_s = min(max(0.0, first - time.monotonic()), self.ttl_s / 3)
                 done, _ = await asyncio.wait({renewal}, timeout=wait_s)
                 if done:
                     return renewal.result()

@@ -123,8 +123,10 @@ async def test_a_waiter_is_told_while_its_own_park_is_in_flight(redis_client: ai
     await _running(redis_client, f"{ENV}/idle-2", idle_s=30)
     for waiter in ("w/front", "w/back"):
         await _lease(redis_client, waiter)
-    assert (await capacity.turn("w/front")).park == f"{ENV}/idle-1"
-    assert (await capacity.turn("w/back")).park == f"{ENV}/idle-2"
+    # (places a millisecond apart at least: at the same one, the line orders them by name)
+    joined_ms = int(time.time() * 1000) - 1000
+    assert (await capacity.turn("w/front", since_ms=joined_ms)).park == f"{ENV}/idle-1"
+    assert (await capacity.turn("w/back", since_ms=joined_ms + 1)).park == f"{ENV}/idle-2"
     # when the back one asks again naming its park, then it is in flight and no other is given,
     # though the front one's park ended (fewer parks in flight than waiters up to it)
     await capacity.park_finished(f"{ENV}/idle-1")
