@@ -103,7 +103,7 @@ class LeaseKeeper:
         expiry here passes before a renewal answers is lost then, not when the answer comes. A
         renewed lease's expiry here is counted from when the renewal was sent, so it comes no
         later than in Redis: the handler is cancelled before another worker can take the session,
-        however slow Redis or this loop is."""
+        however slow Redis is (a process stalled past it cancels as soon as it runs again)."""
         period = self.ttl_s / 3
         next_at = time.monotonic() + period
         while True:
@@ -138,7 +138,7 @@ class LeaseKeeper:
                     return renewal.result()
                 self._lose_expired("no renewal answer before its expiry")
         finally:
-            renewal.cancel()  # only when this loop itself is cancelled (the worker stops)
+            renewal.cancel()  # matters only when this loop is cancelled (the worker stops)
 
     def _apply_renewal(self, turn: Turn, answer: int, started: float) -> None:
         if self._turns.get(turn.lease.session) is not turn:
