@@ -204,7 +204,7 @@ class WorkerConfig(_Model):
     #: running session idle longest, if it has been idle at least this long (seconds). Small: it
     #: only matters while resumes wait, and then an agent that thinks longer than it can be parked
     #: (with sessions far more than workers, nearly every session is within a second of its call).
-    min_idle_s: float = Field(0.1, ge=0)
+    min_idle_s: float = Field(0.05, ge=0)
     retry_backoff_base_s: float = Field(0.25, gt=0)
     retry_backoff_max_s: float = Field(10.0, gt=0)
     #: Niceness a worker process adds to its own at start: on a host the workers share with the

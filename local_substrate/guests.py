@@ -31,8 +31,11 @@ READY_POLL_S = 0.005
 #: sys.path by GUEST_BOOT; no site also saves ~15 ms per resume).
 PYTHON_FLAGS = ("-I", "-S")
 #: Program run by `python -I -S -c`: our code's dirs first on sys.path, then `python -m guest`.
+#: `ssl` is made unimportable first: the guest speaks plain HTTP on a unix socket, and asyncio
+#: imports ssl when it can (loading OpenSSL, a large part of `import asyncio` in every cold start).
+#: The tenant's own commands are other processes and keep it.
 GUEST_BOOT = (
-    "import sys; sys.path[:0] = {path!r}; import runpy; "
+    "import sys; sys.modules['ssl'] = None; sys.path[:0] = {path!r}; import runpy; "
     "runpy.run_module('guest', run_name='__main__', alter_sys=True)"
 )
 

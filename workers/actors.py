@@ -56,9 +56,15 @@ GUEST_TRUST_S = 2.0
 #: How often a waiting resume looks at its place (s): the further back, the less often, up to
 #: the maximum. Admitted ones ask Substrate again as soon as this worker finishes a suspend (most
 #: parks), else after ADMITTED_RETRY_S (a worker freed elsewhere: another process, a cluster).
+#: A session of this worker that may have become a park candidate makes one waiter look at once
+#: (see session_idle): polling finds candidates of other workers only.
 CAPACITY_POLL_S = 0.05
 CAPACITY_POLL_MAX_S = 1.0
 ADMITTED_RETRY_S = 0.25
+#: After a job ends, how much longer than `min_idle_s` before a waiter looks for its session: the
+#: job's lease is released one round trip after its handler returns, and a leased session is no
+#: park candidate.
+IDLE_NUDGE_S = 0.01
 #: After a suspend, admitted waiters ask in the order of their places, this far apart (s): a
 #: freed worker goes to the one first in line, not to whichever asks first.
 ADMITTED_STAGGER_S = 0.02
@@ -89,18 +95,23 @@ class RunningGuest:
     verified_at: float
 
 
-#: The place of a waiter that has not asked for it yet: behind every ranked one.
-_NOT_RANKED = 1 << 30
+#: The place of a waiter that has not joined the line yet: behind every one that has.
+_UNPLACED = (1 << 62, "")
 
 
 @dataclass
 class _Waiter:
     """A resume of this process waiting for a Substrate worker."""
 
-    #: Its place in line when it last looked (0 = first).
-    rank: int
+    #: Its key in the line, (unix ms its job was created, session), as in capacity:wait: it
+    #: orders this process's waiters at once, where a rank read from Redis may be a poll old.
+    place: tuple[int, str] = _UNPLACED
     #: Set when a park here freed a worker for it (see ActorKeeper.park_ended).
     woken: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Set when a session here may have become a park candidate: look again now (session_idle).
+    nudged: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Whether the park it asked for is in flight (it is given no other meanwhile).
+    parking: bool = False
 
 
 class ActorKeeper:
@@ -299,7 +310,7 @@ class ActorKeeper:
         # Straight to the queue when it is not empty (fair) or every worker is known busy (a
         # resume would only be refused).
         waiting = await self.capacity.full_or_waiting() and self._wait_begins()
-        me = _Waiter(rank=_NOT_RANKED)
+        me = _Waiter()
         self._waiters[session] = me
         # The session this waiter asked to park, while that park is in flight: no other is
         # asked for meanwhile (capacity_turn), so parks in flight never outnumber the waiters.
@@ -308,14 +319,16 @@ class ActorKeeper:
             while True:
                 if ctx.cancel_requested:
                     raise JobCancelled("cancelled while waiting for a Substrate worker")
+                me.nudged.clear()
                 turn = await self.capacity.turn(session, since_ms, victim) if waiting else None
                 if turn is not None:
-                    me.rank = turn.rank
+                    me.place = (since_ms, session)
                     if not turn.park_in_flight:
                         victim = None
                     if turn.park is not None:
                         await self._request_park(ctx, turn.park)
                         victim = turn.park
+                    me.parking = victim is not None
                 # Told a park freed a worker for it; else admitted, and not in the turn that just
                 # asked for a park (the worker it frees is not free yet).
                 if turn is None or me.woken.is_set() or (turn.admitted and turn.park is None):
@@ -328,7 +341,7 @@ class ActorKeeper:
                             continue
                 if time.monotonic() > deadline:
                     raise self._no_capacity(ctx, turn)
-                await self._pause(turn, me.woken)
+                await self._pause(turn, me)
         finally:
             self._waiters.pop(session, None)
             if waiting:
@@ -342,23 +355,40 @@ class ActorKeeper:
         only that waiter is told, so no other asks Substrate for it in vain. None waiting here:
         the admitted ones are told as after any suspend."""
         front = min((w for w in self._waiters.values() if not w.woken.is_set()),
-                    key=lambda w: w.rank, default=None)
+                    key=lambda w: w.place, default=None)
         if front is not None:
             front.woken.set()
         else:
             self._worker_freed()
 
-    async def _pause(self, turn: Turn | None, woken: asyncio.Event) -> None:
+    def session_idle(self) -> None:
+        """A job of a running session ended here: once idle `min_idle_s`, the session may be
+        parked. Then the waiter here first in line that has no park in flight looks at once,
+        rather than at its next poll (up to CAPACITY_POLL_MAX_S later)."""
+        if self._waiters:
+            asyncio.get_running_loop().call_later(self.config.workers.min_idle_s + IDLE_NUDGE_S,
+                                                  self._nudge)
+
+    def _nudge(self) -> None:
+        front = min((w for w in self._waiters.values() if not w.parking and not w.woken.is_set()),
+                    key=lambda w: w.place, default=None)
+        if front is not None:
+            front.nudged.set()
+
+    async def _pause(self, turn: Turn | None, me: _Waiter) -> None:
+        """Until the waiter should look again: told a worker is its (woken) or a park candidate
+        may be there (nudged), else after its poll; an admitted one also when a worker is freed."""
+        events = [me.woken, me.nudged]
+        timeout_s = ADMITTED_RETRY_S
         if turn is not None and not turn.admitted:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(woken.wait(), _poll_s(turn))
-            return
-        freed, mine = asyncio.ensure_future(self._freed.wait()), asyncio.ensure_future(woken.wait())
-        done, pending = await asyncio.wait((freed, mine), timeout=ADMITTED_RETRY_S,
-                                           return_when=asyncio.FIRST_COMPLETED)
+            timeout_s = _poll_s(turn)
+        else:
+            events.append(self._freed)
+        waits = [asyncio.ensure_future(e.wait()) for e in events]
+        done, pending = await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
         for task in pending:
             task.cancel()
-        if freed in done and mine not in done:
+        if len(waits) == 3 and done == {waits[2]}:
             await asyncio.sleep((turn.rank if turn is not None else 0) * ADMITTED_STAGGER_S)
 
     def _worker_freed(self) -> None:

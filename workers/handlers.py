@@ -29,6 +29,8 @@ from workers.session_identity import SessionIdentity
 log = logging.getLogger("atefleet.worker")
 
 Handler = Callable[[JobContext], Awaitable[dict[str, Any]]]
+#: Job kinds that leave their session running, so a park candidate once idle (see session_idle).
+IDLE_AFTER = frozenset({JobKind.TOOL, JobKind.RESUME})
 
 
 class GuestGone(Exception):
@@ -68,6 +70,9 @@ class JobHandlers:
                 log.warning("job failed", extra={"fields": {"problem": err.problem.get("type"),
                                                              "detail": err.problem.get("detail")}})
                 raise
+            finally:
+                if job.kind in IDLE_AFTER:
+                    self.actors.session_idle()
 
     # -- lifecycle -----------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@ the fair wait queue, which running session a waiter parks, and the view GET /v1/
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -162,15 +163,40 @@ async def test_view_before_any_worker_count(capacity: Capacity) -> None:
 async def test_a_pressure_parks_worker_goes_to_the_front_waiter_here(config: Config) -> None:
     # (pure logic: which waiter of a worker process a park's end tells)
     keeper = ActorKeeper(config, substrate=None, router=None, capacity=None)  # type: ignore[arg-type]
-    waiters = {s: _Waiter(rank=r) for s, r in (("e/back", 7), ("e/front", 1), ("e/middle", 3))}
+    # given three waiters here (their places in line, not the dict's order, count) and a fourth
+    # not in line yet
+    places = (("e/back", 3000), ("e/front", 1000), ("e/middle", 2000))
+    waiters = {s: _Waiter(place=(ms, s)) for s, ms in places}
+    waiters["e/unplaced"] = _Waiter()
     keeper._waiters.update(waiters)
     freed = keeper._freed
     # when parks end one after another, then each tells the front-most waiter not told yet
-    keeper.park_ended()
-    assert [s for s, w in waiters.items() if w.woken.is_set()] == ["e/front"]
-    keeper.park_ended()
-    keeper.park_ended()
-    assert all(w.woken.is_set() for w in waiters.values()) and not freed.is_set()
+    told = []
+    for _ in waiters:
+        keeper.park_ended()
+        told += [s for s, w in waiters.items() if w.woken.is_set() and s not in told]
+    assert told == ["e/front", "e/middle", "e/back", "e/unplaced"] and not freed.is_set()
     # and one more, with every waiter told, frees the worker for any admitted waiter
     keeper.park_ended()
     assert freed.is_set()
+
+
+async def test_a_job_ending_here_makes_the_front_waiter_without_a_park_look_once_idle_enough() -> None:
+    # (pure logic: which waiter of a worker process a session that may be a candidate tells)
+    config = parse_config({"environments": [{"name": ENV}], "workers": {"min_idle_s": 0.05}})
+    keeper = ActorKeeper(config, substrate=None, router=None, capacity=None)  # type: ignore[arg-type]
+    # given no waiter here, then a job's end schedules nothing
+    keeper.session_idle()
+    # given the first waiter in line with its park in flight, one told a worker is its own, and two more
+    waiters = {s: _Waiter(place=(ms, s)) for s, ms in
+               (("e/parking", 1000), ("e/woken", 1500), ("e/next", 2000), ("e/last", 3000))}
+    waiters["e/parking"].parking = True
+    waiters["e/woken"].woken.set()
+    keeper._waiters.update(waiters)
+    # when a job ends here, then nobody looks before min_idle_s (the session is no candidate yet)
+    keeper.session_idle()
+    await asyncio.sleep(0.03)
+    assert not any(w.nudged.is_set() for w in waiters.values())
+    # and once it has passed, the front waiter that can ask for a park looks, and only that one
+    await asyncio.sleep(0.05)
+    assert [s for s, w in waiters.items() if w.nudged.is_set()] == ["e/next"]

@@ -371,3 +371,12 @@ async def test_a_sandbox_is_the_oom_killers_first_choice_and_cannot_change_that(
     out = await h.bash(a, "cat /proc/self/oom_score_adj; echo -9 > /proc/self/oom_score_adj && echo lowered")
     assert out["stdout"] == "1000\n"
     assert Path("/proc/self/oom_score_adj").read_text().strip() != "1000"  # the fleet's own processes
+
+
+@pytest.mark.parametrize("level", LEVELS)
+async def test_the_tenants_python_keeps_ssl(start_substrate: Start, level: str) -> None:
+    # (the guest's interpreter starts with ssl unimportable: it serves plain HTTP on a unix socket)
+    h, a, _ = await _two_actors(start_substrate, level)
+    # when the tenant's own Python imports ssl, then it can: its commands are other processes
+    out = await h.bash(a, "python3 -c 'import ssl; print(ssl.OPENSSL_VERSION.split()[0])'")
+    assert out["stdout"] == "OpenSSL\n", out
