@@ -10,6 +10,9 @@ what the session wrote so far, so a call out of order or a file lost across a pa
 A call is a "wake" when the session view said `suspended` just before it (the fleet had parked
 it): its end-to-end latency is the wake latency. It also prints the fleet's CPU per call by role
 (from /proc, the start-up included): on a machine the fleet saturates, that sets the call rate.
+From the CPU per call after the start-up it gives the call rate that would saturate every core and
+the least mean call latency N agents can see at that rate (N / rate - mean think time): when that
+exceeds a target, the machine, not the fleet, misses it.
 
     .venv/bin/python bench/overcommit.py [--sessions 200] [--calls 10]
 
@@ -30,6 +33,7 @@ sys.path.insert(0, str(REPO))
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import random  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
@@ -45,6 +49,8 @@ from tests.e2e.conftest import RunningFleet, base_config, free_port, start_fleet
 
 ENV = "my-env"
 THINK_S = (0.2, 2.0)
+#: How often the fleet's CPU is sampled, to split the start-up's from the rest's.
+CPU_SAMPLE_S = 0.5
 TARGET_WAKE_P50_MS = 2 * 150.0
 TARGET_CALL_P99_MS = 5000.0
 
@@ -166,13 +172,47 @@ def op_means_ms(metrics: str) -> dict[str, float]:
     return {label: round(1000 * s / n, 1) for label, (s, n) in sorted(totals.items()) if n}
 
 
+def machine_cpu_s(up_pid: int) -> float:
+    """CPU seconds the fleet and this client used so far."""
+    return sum(cpu_by_role(up_pid).values()) + time.process_time()
+
+
+async def sample_cpu(up_pid: int, into: list[tuple[float, float]]) -> None:
+    while True:
+        into.append((time.perf_counter(), machine_cpu_s(up_pid)))
+        await asyncio.sleep(CPU_SAMPLE_S)
+
+
+def ceiling(sessions: int, samples: list[tuple[float, float]], after: float,
+            calls_after: int) -> dict[str, Any]:
+    """What this machine's cores allow: the start-up's CPU (the first resumes' cold starts, and
+    the calls made meanwhile) and the least time it takes on every core; after it, the fleet's
+    and client's CPU per call, the call rate that would saturate every core, and (a closed loop
+    of `sessions` agents) the least mean call latency at that rate: sessions / rate - mean think."""
+    at = next(((t, c) for t, c in samples if t >= after), samples[-1])
+    ms = (samples[-1][1] - at[1]) * 1000 / max(calls_after, 1)
+    cores = os.cpu_count() or 1
+    rate = cores * 1000 / ms if ms else 0.0
+    floor_s = sessions / rate - sum(THINK_S) / 2 if rate else 0.0
+    start_s = at[1] - samples[0][1]
+    return {"overcommit_start_cpu_s": round(start_s, 1),
+            "overcommit_start_cpu_bound_s": round(start_s / cores, 1),
+            "overcommit_cpu_ms_per_call_after_start": round(ms, 1), "overcommit_cores": cores,
+            "overcommit_cpu_bound_calls_per_s": round(rate, 1),
+            "overcommit_cpu_bound_call_mean_ms": round(max(floor_s, 0.0) * 1000)}
+
+
 async def run(fleet: RunningFleet, sessions: int, calls: int, seed: int) -> dict[str, Any]:
     figures = Figures()
     rng = random.Random(seed)
     roles0, client0, began = cpu_by_role(fleet.process.pid), time.process_time(), time.perf_counter()
+    samples: list[tuple[float, float]] = []
+    sampler = asyncio.create_task(sample_cpu(fleet.process.pid, samples))
     await asyncio.gather(*(agent(fleet.url, f"oc-{uuid.uuid4().hex[:10]}", calls, figures,
                                  random.Random(rng.random())) for _ in range(sessions)))
     elapsed = time.perf_counter() - began
+    sampler.cancel()
+    samples.append((time.perf_counter(), machine_cpu_s(fleet.process.pid)))
     roles1, client_s = cpu_by_role(fleet.process.pid), time.process_time() - client0
     # CPU per call, start-up included: on a CPU-bound machine it is what sets the call rate.
     role_ms = {r: round((roles1[r] - roles0.get(r, 0.0)) * 1000 / max(figures.ok, 1), 2) for r in roles1}
@@ -205,6 +245,7 @@ async def run(fleet: RunningFleet, sessions: int, calls: int, seed: int) -> dict
         "overcommit_calls_after_start": len(after),
         "overcommit_elapsed_s": round(elapsed, 1),
         "overcommit_fleet_cpu_ms_per_call": round(sum(role_ms.values()), 1),
+        **ceiling(sessions, samples, figures.resumed_by, len(after)),
     }
 
 
