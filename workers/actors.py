@@ -110,8 +110,9 @@ class _Waiter:
     woken: asyncio.Event = field(default_factory=asyncio.Event)
     #: Set when a session here may have become a park candidate: look again now (session_idle).
     nudged: asyncio.Event = field(default_factory=asyncio.Event)
-    #: Whether the park it asked for is in flight (it is given no other meanwhile).
-    parking: bool = False
+    #: The session it asked to park, while that park is in flight: it is given no other
+    #: meanwhile (capacity_turn), so parks in flight never outnumber the waiters.
+    victim: str | None = None
 
 
 class ActorKeeper:
@@ -312,23 +313,19 @@ class ActorKeeper:
         waiting = await self.capacity.full_or_waiting() and self._wait_begins()
         me = _Waiter()
         self._waiters[session] = me
-        # The session this waiter asked to park, while that park is in flight: no other is
-        # asked for meanwhile (capacity_turn), so parks in flight never outnumber the waiters.
-        victim: str | None = None
         try:
             while True:
                 if ctx.cancel_requested:
                     raise JobCancelled("cancelled while waiting for a Substrate worker")
                 me.nudged.clear()
-                turn = await self.capacity.turn(session, since_ms, victim) if waiting else None
+                turn = await self.capacity.turn(session, since_ms, me.victim) if waiting else None
                 if turn is not None:
                     me.place = (since_ms, session)
                     if not turn.park_in_flight:
-                        victim = None
+                        me.victim = None
                     if turn.park is not None:
                         await self._request_park(ctx, turn.park)
-                        victim = turn.park
-                    me.parking = victim is not None
+                        me.victim = turn.park
                 # Told a park freed a worker for it; else admitted, and not in the turn that just
                 # asked for a park (the worker it frees is not free yet).
                 if turn is None or me.woken.is_set() or (turn.admitted and turn.park is None):
@@ -348,12 +345,17 @@ class ActorKeeper:
                 self._wait_ends()
                 await self.capacity.leave(session)
 
-    def park_ended(self) -> None:
-        """A pressure park ended here (done or skipped). The worker it freed goes to the waiter
-        first in line in this process, whichever waiter asked for the park (parks are asked for
-        all along the line, so that they overlap; their workers go in the line's order), and
-        only that waiter is told, so no other asks Substrate for it in vain. None waiting here:
-        the admitted ones are told as after any suspend."""
+    def park_ended(self, parked: str) -> None:
+        """A pressure park of `parked` ended here (done or skipped). The worker it freed goes to
+        the waiter first in line in this process, whichever waiter asked for the park (parks are
+        asked for all along the line, so that they overlap; their workers go in the line's
+        order), and only that waiter is told, so no other asks Substrate for it in vain. None
+        waiting here: the admitted ones are told as after any suspend. The waiter here that asked
+        for the park may ask for another at once, rather than at its next poll."""
+        for w in self._waiters.values():
+            if w.victim == parked:
+                w.victim = None
+                w.nudged.set()
         front = min((w for w in self._waiters.values() if not w.woken.is_set()),
                     key=lambda w: w.place, default=None)
         if front is not None:
@@ -370,7 +372,7 @@ class ActorKeeper:
                                                   self._nudge)
 
     def _nudge(self) -> None:
-        front = min((w for w in self._waiters.values() if not w.parking and not w.woken.is_set()),
+        front = min((w for w in self._waiters.values() if w.victim is None and not w.woken.is_set()),
                     key=lambda w: w.place, default=None)
         if front is not None:
             front.nudged.set()

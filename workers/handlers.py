@@ -95,7 +95,7 @@ class JobHandlers:
         finally:
             if by is SuspendedBy.PRESSURE:
                 await self.actors.capacity.park_finished(ctx.job.session)
-                self.actors.park_ended()
+                self.actors.park_ended(ctx.job.session)
 
     async def _park(self, ctx: JobContext, by: SuspendedBy) -> dict[str, Any]:
         env = self.config.environment(ctx.job.environment)

@@ -173,11 +173,11 @@ async def test_a_pressure_parks_worker_goes_to_the_front_waiter_here(config: Con
     # when parks end one after another, then each tells the front-most waiter not told yet
     told = []
     for _ in waiters:
-        keeper.park_ended()
+        keeper.park_ended("e/parked")
         told += [s for s, w in waiters.items() if w.woken.is_set() and s not in told]
     assert told == ["e/front", "e/middle", "e/back", "e/unplaced"] and not freed.is_set()
     # and one more, with every waiter told, frees the worker for any admitted waiter
-    keeper.park_ended()
+    keeper.park_ended("e/parked")
     assert freed.is_set()
 
 
@@ -190,7 +190,7 @@ async def test_a_job_ending_here_makes_the_front_waiter_without_a_park_look_once
     # given the first waiter in line with its park in flight, one told a worker is its own, and two more
     waiters = {s: _Waiter(place=(ms, s)) for s, ms in
                (("e/parking", 1000), ("e/woken", 1500), ("e/next", 2000), ("e/last", 3000))}
-    waiters["e/parking"].parking = True
+    waiters["e/parking"].victim = "e/victim"
     waiters["e/woken"].woken.set()
     keeper._waiters.update(waiters)
     # when a job ends here, then nobody looks before min_idle_s (the session is no candidate yet)
@@ -200,3 +200,7 @@ async def test_a_job_ending_here_makes_the_front_waiter_without_a_park_look_once
     # and once it has passed, the front waiter that can ask for a park looks, and only that one
     await asyncio.sleep(0.05)
     assert [s for s, w in waiters.items() if w.nudged.is_set()] == ["e/next"]
+
+    # when the park it asked for ends, then that waiter may ask for another at once
+    keeper.park_ended("e/victim")
+    assert waiters["e/parking"].victim is None and waiters["e/parking"].nudged.is_set()
