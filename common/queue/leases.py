@@ -73,6 +73,8 @@ class LeaseKeeper:
         self._turns: dict[str, Turn] = {}
         #: Leases this worker lost (each counted once, when its turn became LOST).
         self.losses = 0
+        #: Releases of leases lost here that Redis renewed meanwhile (see _apply_renewal).
+        self._releases: set[asyncio.Task[None]] = set()
 
     def hold(self, turn: Turn) -> None:
         stale = self._turns.get(turn.lease.session)
@@ -141,6 +143,15 @@ class LeaseKeeper:
             renewal.cancel()  # matters only when this loop is cancelled (the worker stops)
 
     def _apply_renewal(self, turn: Turn, answer: int, started: float) -> None:
+        if turn.state is TurnState.LOST:
+            if answer:
+                # Lost here at its expiry while this renewal was in flight, yet Redis renewed it:
+                # nothing runs under it any more, so it is released now rather than left to
+                # expire a TTL later while the session waits.
+                task = asyncio.get_running_loop().create_task(self._release_lost(turn))
+                self._releases.add(task)
+                task.add_done_callback(self._releases.discard)
+            return
         if self._turns.get(turn.lease.session) is not turn:
             return  # the turn ended (and released) while the renewal was in flight
         if answer == 0:
@@ -149,6 +160,17 @@ class LeaseKeeper:
         turn.renewed(started + self.ttl_s)
         if answer == 2 and turn.ctx is not None:
             turn.ctx.request_cancel()
+
+    async def _release_lost(self, turn: Turn) -> None:
+        """Fenced: a no-op once the lease has expired or another epoch holds the session."""
+        try:
+            released = await self.queue.release(turn.lease)
+        except TRANSIENT:
+            return  # then it expires in Redis, as it would have
+        if released:
+            log.info("lease released after its loss: session=%s epoch=%s worker=%s (a renewal Redis "
+                     "applied answered after its expiry here)", turn.lease.session, turn.lease.epoch,
+                     self.worker_id)  # fmt: skip
 
     def _lose_expired(self, why: str) -> None:
         """Each held lease whose expiry here has passed is lost."""

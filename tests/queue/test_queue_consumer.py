@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -267,6 +268,38 @@ async def test_a_lease_expiring_while_its_renewal_hangs_cancels_the_handler_by_t
     assert stuck.contexts[0].lease_lost and first.stats["leases_lost"] == 1
     # and once Redis answers, the job resumes at the head under a new epoch and completes once
     await stuck.resumed_elsewhere(queue)
+
+
+async def test_a_renewal_redis_applied_but_answered_after_the_expiry_here_releases_the_lease(
+    queue: Queue, start_consumer: StartConsumer, repairs: None, redis_client: aioredis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    first, stuck = await start_stuck(queue, start_consumer)
+    ttl_s = queue.lease_ttl_ms / 1000
+    renew = queue.renew
+    #: When the lease that late renewal set would expire in Redis (monotonic), once applied.
+    redis_expiry: list[float] = []
+
+    async def renewal_answered_late(leases: Any) -> list[int]:
+        if redis_expiry:
+            return await renew(leases)
+        redis_expiry.append(math.inf)
+        await asyncio.sleep(ttl_s / 2)  # it reaches Redis while the lease still lives there
+        answers = await renew(leases)
+        redis_expiry[0] = time.monotonic() + await redis_client.pttl("af:lease:{env/s}") / 1000
+        await asyncio.sleep(ttl_s / 2)  # and its answer comes after the lease's expiry here
+        return answers
+
+    # when the next renewal of the stuck job's lease is applied by Redis but answered late
+    monkeypatch.setattr(queue, "renew", renewal_answered_late)
+    await wait_for(lambda: _true(stuck.contexts[0].lease_lost), 5, "the loss here")
+    assert stuck.ended_at, "the handler runs on past the lease's expiry here"
+    # then once the answer comes, the worker releases the lease Redis renewed: the job runs again
+    # under a new epoch before that renewal would have expired
+    await wait_for(lambda: _true(len(stuck.contexts) == 2), 5, "the job to run again")
+    assert time.monotonic() < redis_expiry[0], "the session waited for the renewed lease to expire"
+    await stuck.resumed_elsewhere(queue)
+    assert first.stats["leases_lost"] == 1
 
 
 async def test_graceful_stop_finishes_current_job_and_releases(
