@@ -51,7 +51,7 @@ from local_substrate.faults import Faults
 from local_substrate.golden import GoldenSnapshots
 from local_substrate.guests import sandbox_spec, start_guest
 from local_substrate.layout import Layout
-from local_substrate.slots import Slot, SlotPool
+from local_substrate.slots import Slot, SlotPool, UidBlock
 from local_substrate.snapshots import HOST_ERRNOS, SnapshotLimits, SnapshotStore, restore_snapshot
 from local_substrate.store import ActorRecord, Status, Store
 from local_substrate.trees import MODES_CHANGED
@@ -96,7 +96,7 @@ def decode_token(token: str) -> tuple[str, str]:
 class Control:
     """Actors, atespaces and slots of one local Substrate (all calls on one event loop)."""
 
-    def __init__(self, config: Config, layout: Layout, level: str) -> None:
+    def __init__(self, config: Config, layout: Layout, level: str, uids: UidBlock) -> None:
         self._config = config
         self._layout = layout
         self.level = level
@@ -106,10 +106,10 @@ class Control:
             layout.root.name + "-" + uuid.uuid5(uuid.NAMESPACE_URL, str(layout.root)).hex[:8],
             cpu_weight=config.local_substrate.sandbox_cpu_weight,
         )
-        self.slots = SlotPool(layout, config.local_substrate.slots, config.local_substrate.frozen_max)
+        self.slots = SlotPool(layout, uids, config.local_substrate.slots, config.local_substrate.frozen_max)
         self._frozen_min_available = config.local_substrate.frozen_min_available_mb << 20
         self.snapshots = SnapshotStore(layout.snapshots)
-        self.golden = GoldenSnapshots(layout, level, self.cgroups)
+        self.golden = GoldenSnapshots(layout, level, self.cgroups, uids)
         self._templates = {t.name for t in config.local_substrate.templates} | {
             e.template for e in config.environments
         }

@@ -23,7 +23,7 @@ from local_substrate.cgroups import Cgroups
 from local_substrate.guests import sandbox_spec
 from local_substrate.layout import Layout
 from local_substrate.sandbox import start_sandbox
-from local_substrate.slots import SlotDirs, uid_block
+from local_substrate.slots import SlotDirs, UidBlock
 from local_substrate.snapshots import SnapshotLimits, SnapshotRefused, write_snapshot
 from local_substrate.trees import remove_tree
 
@@ -44,8 +44,9 @@ def golden_path(layout: Layout, template: TemplateConfig) -> Path:
 
 
 class GoldenSnapshots:
-    def __init__(self, layout: Layout, level: str, cgroups: Cgroups) -> None:
+    def __init__(self, layout: Layout, level: str, cgroups: Cgroups, uids: UidBlock) -> None:
         self._layout = layout
+        self._uids = uids
         self._level = level
         self._cgroups = cgroups
         self._locks: dict[str, asyncio.Lock] = {}
@@ -73,7 +74,7 @@ class GoldenSnapshots:
         self, template: TemplateConfig, skills: tuple[tuple[Path, str], ...], target: Path
     ) -> None:
         base = self._layout.bake / template.name
-        dirs = SlotDirs(base, base / "sock", uid_block(self._layout.root))
+        dirs = SlotDirs(base, base / "sock", self._uids.first)
         dirs.reset()
         try:
             if template.setup:

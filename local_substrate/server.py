@@ -35,7 +35,7 @@ from local_substrate.isolation import isolation_report
 from local_substrate.layout import Layout
 from local_substrate.sandbox import compile_code, detect_level, write_etc
 from local_substrate.servicer import ControlServicer
-from local_substrate.slots import uid_block
+from local_substrate.slots import UidBlock, claim_uid_block
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +124,7 @@ class LocalSubstrate:
         self._server: grpc.aio.Server | None = None
         self.running = False
         self._lock: TextIO | None = None
+        self._uids: UidBlock | None = None
 
     async def start(self) -> None:
         check_network_host(self.config)
@@ -135,11 +136,11 @@ class LocalSubstrate:
         try:
             await self._serve()
         except BaseException:
-            self._lock.close()
-            self._lock = None
+            self._unlock()
             raise
         status = {"address": self.address, "sandbox": self.level, "slots": self.config.local_substrate.slots,
-                  "pid": os.getpid(), "isolation": self.isolation}  # fmt: skip
+                  "pid": os.getpid(), "isolation": self.isolation,
+                  "uid_first": self._uids.first if self._uids else None}  # fmt: skip
         write_json_atomic(self.layout.status, status)
         self.running = True
         log.info("local substrate serving on %s (sandbox: %s, %d slots); isolation: %s", self.address,
@@ -148,10 +149,10 @@ class LocalSubstrate:
     async def _serve(self) -> None:
         self.level = await asyncio.to_thread(detect_level, self.config.local_substrate.sandbox)
         await asyncio.to_thread(compile_code)
-        first = uid_block(self.layout.root)
-        slot_uids = list(range(first, first + self.config.local_substrate.slots + 1))
+        self._uids = uids = claim_uid_block(self.layout.root)
+        slot_uids = list(range(uids.first, uids.first + self.config.local_substrate.slots + 1))
         write_etc(self.layout.sandbox_etc, slot_uids if os.geteuid() == 0 else [os.getuid()])
-        self.control = Control(self.config, self.layout, self.level)
+        self.control = Control(self.config, self.layout, self.level, uids)
         self.isolation = isolation_report(self.config, self.level, self.control.cgroups.mode)
         self.control.recover()
         self._server = grpc.aio.server(interceptors=[TokenAuth(read_or_make_token(self.layout.token))])
@@ -180,6 +181,12 @@ class LocalSubstrate:
         if self.control is not None:
             await self.control.close(suspend_running=suspend_running)
         self.layout.status.unlink(missing_ok=True)
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self._uids is not None:
+            self._uids.release()
+            self._uids = None
         if self._lock is not None:
             self._lock.close()
             self._lock = None

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hashlib
 import logging
 import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from local_substrate.layout import Layout
 from local_substrate.sandbox import SandboxProcess
@@ -25,18 +27,51 @@ from local_substrate.trees import remove_tree
 
 log = logging.getLogger(__name__)
 
-#: Sandbox uids: each state dir gets its own block of UID_BLOCK uids from UID_FIRST on (so two
-#: local Substrates on one host never share a uid, hence an RLIMIT_NPROC budget); in a block,
-#: uid 0 bakes golden snapshots and slot i runs as uid i + 1.
+#: Sandbox uids (as root): each serving local Substrate holds its own block of UID_BLOCK uids from
+#: UID_FIRST on, so two on one host never share a uid, hence an RLIMIT_NPROC budget or a kill by
+#: uid; in a block, uid 0 bakes golden snapshots and slot i runs as uid i + 1.
 UID_FIRST = 200_000
 UID_BLOCK = 1025
 UID_BLOCKS = 2000
+#: Where a server as root holds an exclusive lock on its block's file while it serves (the kernel
+#: drops it with the process). Root-only: a normal user's sandboxes all run as that user.
+UID_LOCKS = Path("/run/atefleet-uid-blocks")
 
 
-def uid_block(root: Path) -> int:
-    """The first uid of the block of the local Substrate whose state dir is `root`."""
+@dataclass
+class UidBlock:
+    """The uids a local Substrate's sandboxes run as, held while it serves."""
+
+    first: int
+    lock: IO[bytes] | None = None
+
+    def slot(self, index: int) -> int:
+        return self.first + 1 + index
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.close()
+            self.lock = None
+
+
+def claim_uid_block(root: Path) -> UidBlock:
+    """The block for the state dir `root`: the one its path hashes to (the same across restarts,
+    so its files keep their owners), else the next one no other server holds. A hash alone would
+    give two of a few hundred state dirs the same block (birthday odds)."""
     digest = int(hashlib.sha256(str(root).encode()).hexdigest()[:8], 16)
-    return UID_FIRST + (digest % UID_BLOCKS) * UID_BLOCK
+    if os.geteuid() != 0:
+        return UidBlock(UID_FIRST + (digest % UID_BLOCKS) * UID_BLOCK)
+    UID_LOCKS.mkdir(mode=0o700, exist_ok=True)
+    for step in range(UID_BLOCKS):
+        first = UID_FIRST + ((digest + step) % UID_BLOCKS) * UID_BLOCK
+        handle = open(UID_LOCKS / str(first), "wb")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        return UidBlock(first, handle)
+    raise RuntimeError(f"all {UID_BLOCKS} sandbox uid blocks are held by other local substrates")
 
 
 #: The dirs of a slot that a sandbox sees writable (tmp/ only at level none; `sock` lives apart).
@@ -131,11 +166,11 @@ class Slot:
 
 
 class SlotPool:
-    def __init__(self, layout: Layout, count: int, frozen_max: int = 0) -> None:
+    def __init__(self, layout: Layout, uids: UidBlock, count: int, frozen_max: int = 0) -> None:
         self.count = count
         self.slots = [
             Slot(f"slot-{i}", SlotDirs(layout.slot_dir(f"slot-{i}"), layout.socket_dir(f"slot-{i}"),
-                                       uid_block(layout.root) + 1 + i))
+                                       uids.slot(i)))
             for i in range(min(count + frozen_max, UID_BLOCK - 1))
         ]  # fmt: skip
         self._by_name = {s.name: s for s in self.slots}

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from common.substrate import ActorStatus, NoFreeWorkers, SubstrateClient
-from local_substrate.slots import uid_block
 from tests.substrate.conftest import ATESPACE, Harness, Start, start_harness, substrate_config
 
 GOLDEN_TEMPLATE = {
@@ -183,7 +182,7 @@ async def test_a_crashed_server_brings_running_actors_back_at_their_last_snapsho
         proc.wait()
         # the guests die with the server (no sandbox outlives it)
         async with asyncio.timeout(10):
-            while _processes_of(uid_block(state_dir.resolve() / "local-substrate") + 1):
+            while _processes_of(reported["uid_first"] + 1):
                 await asyncio.sleep(0.02)
     finally:
         if proc.poll() is None:

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
 import os
 import shlex
+import shutil
 import subprocess
+import tempfile
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,8 +25,9 @@ from common.guest_client import ActorMismatch, GuestClient, GuestUnavailable
 from common.routing import LocalGuestRouter
 from common.substrate import Actor, ActorStatus, SubstrateClient, Unauthenticated
 from local_substrate.sandbox import ETC_ENTRIES, ETC_GENERATED, SandboxUnavailable, detect_level
+from local_substrate.slots import UID_BLOCKS
 from tests.conftest import SANDBOX_LEVELS
-from tests.substrate.conftest import ATESPACE, Harness, Start
+from tests.substrate.conftest import ATESPACE, Harness, Start, start_harness, substrate_config
 
 pytestmark = pytest.mark.non_root
 
@@ -126,9 +131,25 @@ async def test_fork_bomb_and_memory_hog_are_contained(start_substrate: Start, le
     assert (await h.bash(b, "echo alive"))["stdout"] == "alive\n"
     # and suspending the bombed actor clears every one of its processes
     assert (await h.client.suspend_actor(ATESPACE, "a")).status is ActorStatus.SUSPENDED
-    async with asyncio.timeout(10):
-        while _slot_processes(uid):
-            await asyncio.sleep(0.02)
+    deadline = asyncio.get_running_loop().time() + 10
+    while left := _slot_processes(uid):
+        assert asyncio.get_running_loop().time() < deadline, f"left running: {_describe(left)}"
+        await asyncio.sleep(0.02)
+
+
+def _describe(pids: list[int]) -> list[str]:
+    """What each process is (state, parent, pid namespace, command line), to tell why it lives."""
+    out = []
+    for pid in pids[:10]:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            ns = os.readlink(f"/proc/{pid}/ns/pid")
+        except OSError:
+            continue
+        state, ppid = stat[stat.rfind(")") + 2 :].split()[:2]
+        out.append(f"{pid} {state} ppid={ppid} {ns} {cmd[:80]!r}")
+    return out
 
 
 def _slot_processes(uid: int) -> list[int]:
@@ -380,3 +401,43 @@ async def test_the_tenants_python_keeps_ssl(start_substrate: Start, level: str) 
     # when the tenant's own Python imports ssl, then it can: its commands are other processes
     out = await h.bash(a, "python3 -c 'import ssl; print(ssl.OPENSSL_VERSION.split()[0])'")
     assert out["stdout"] == "OpenSSL\n", out
+
+
+async def test_local_substrates_whose_state_dirs_hash_alike_get_their_own_uids() -> None:
+    if not ROOT:
+        pytest.skip("per-slot uids need root: as a normal user every sandbox runs as the fleet's uid")
+    # given two state dirs whose paths hash to the same uid block
+    base = Path(tempfile.mkdtemp(prefix="uids-", dir="/tmp"))
+    try:
+        def block(d: Path) -> int:
+            return int(hashlib.sha256(str(d / "local-substrate").encode()).hexdigest()[:8], 16) % UID_BLOCKS
+
+        first = base / "0"
+        second = next(d for d in (base / str(i) for i in range(1, 100_000)) if block(d) == block(first))
+        # when a local Substrate serves from each at once
+        one = await start_harness(substrate_config(first, slots=1))
+        two = await start_harness(substrate_config(second, slots=1))
+        try:
+            uids = []
+            for h in (one, two):
+                await h.actor("a")
+                actor = await h.client.resume_actor(ATESPACE, "a")
+                uids.append(int((await h.bash(actor, "id -u"))["stdout"]))
+            # then their sandboxes run as different uids (no shared process budget, no shared kill)
+            assert uids[0] != uids[1]
+            assert [_status(h)["uid_first"] + 1 for h in (one, two)] == uids
+        finally:
+            await two.close()
+            await one.close()
+        # and the first keeps its block across a restart (its files keep their owners)
+        again = await start_harness(substrate_config(first, slots=1))
+        try:
+            assert _status(again)["uid_first"] + 1 == uids[0]
+        finally:
+            await again.close()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _status(h: Harness) -> dict[str, Any]:
+    return json.loads(h.server.layout.status.read_text())  # type: ignore[no-any-return]
