@@ -20,7 +20,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ from pathlib import Path
 
 from common.child_process import start_owned
 from common.config import Config
-from common.embedded_redis import EmbeddedRedis, rotate_log, start_embedded_redis
+from common.embedded_redis import EmbeddedRedis, free_port, rotate_log, start_embedded_redis
 from common.secret_box import KEY_ENV, load_key
 from local_substrate.isolation import describe as describe_isolation
 
@@ -50,12 +49,6 @@ SUBSTRATE_ENV = (
     "PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "LOGNAME", "PYTHONPATH", "PYTHONUNBUFFERED",
     "PROMETHEUS_MULTIPROC_DIR", "ATEFLEET_CONFIG", "ATEFLEET_STATE_DIR", "ATEFLEET_ATEAPI",
 )  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -139,7 +132,8 @@ class Supervisor:
         if not self.config.ate.ateapi:
             # The others find it through its status.json (see common.routing), as `ate.ateapi`
             # empty means "the embedded local Substrate" to every role.
-            substrate_addr = f"127.0.0.1:{free_port()}"
+            taken = {self.config.listen_host_port[1], *([self.redis.port] if self.redis else [])}
+            substrate_addr = f"127.0.0.1:{free_port(taken)}"
             children.append(Child("local-substrate",
                                   self._role("local-substrate", "--listen", substrate_addr)))
         for i in range(self.config.api.processes):
@@ -157,7 +151,9 @@ class Supervisor:
         self._lock_state_dir()
         env = self._base_env()
         if not self.config.redis.url:
-            self.redis = start_embedded_redis(self.state_dir / "redis", settings=self.config.redis)
+            # Not the API's port: a test (or user) may have picked it free a moment ago.
+            self.redis = start_embedded_redis(self.state_dir / "redis", settings=self.config.redis,
+                                              avoid={self.config.listen_host_port[1]})
             env["ATEFLEET_REDIS_URL"] = self.redis.url
             log.info("embedded redis started", extra={"fields": {"port": self.redis.port}})
         self.children, substrate_addr = self._plan(env)

