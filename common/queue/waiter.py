@@ -79,8 +79,8 @@ class Watch:
         self.job_id = job_id
         self._waiter = waiter
         self._generation = generation
-        self._future: asyncio.Future[_Note] = asyncio.get_running_loop().create_future()
-        waiter._waiting.setdefault(job_id, set()).add(self._future)
+        self._future: asyncio.Future[_Note]
+        self._register()
 
     def __enter__(self) -> Watch:
         return self
@@ -91,22 +91,32 @@ class Watch:
     async def outcome(self, timeout_s: float) -> Outcome | None:
         """The job's outcome once terminal; None when it is not within `timeout_s` (or is gone)."""
         waiter = self._waiter
+        # Not covered by the subscription since before the job could end: read it first.
+        read = self._generation is None or self._generation != waiter._generation
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
-                if self._generation is None or self._generation != waiter._generation:
-                    # Not covered by the subscription since before the job could end: read it.
-                    await waiter._subscribed.wait()
-                    job = await waiter.queue.get_job(self.job_id)
-                    if job is None:
-                        return None
-                    if job.terminal:
-                        return Outcome.of(job)
-                note = await self._future
-                if note is not None:
-                    return note
-                job = await waiter.queue.get_job(self.job_id)
-                return Outcome.of(job) if job is not None and job.terminal else None
+                while True:
+                    if read:
+                        await waiter._subscribed.wait()
+                        job = await waiter.queue.get_job(self.job_id)
+                        if job is None:
+                            return None
+                        if job.terminal:
+                            return Outcome.of(job)
+                    note = await self._future
+                    if note is not None:
+                        return note
+                    # A re-check (a (re)subscription found the job ended, or not yet enqueued:
+                    # a watch is taken before its job exists). Armed again before the read, so
+                    # an end after it is noticed; one before it, the read sees.
+                    self.close()
+                    self._register()
+                    read = True
         return None
+
+    def _register(self) -> None:
+        self._future = asyncio.get_running_loop().create_future()
+        self._waiter._waiting.setdefault(self.job_id, set()).add(self._future)
 
     def close(self) -> None:
         futures = self._waiter._waiting.get(self.job_id)

@@ -138,3 +138,27 @@ async def test_watch_taken_before_a_resubscription_reads_the_record(
         outcome = await watch.outcome(10)
     assert outcome == Outcome(JobState.SUCCEEDED, result={"ok": 1})
     assert live_waiter._generation > generation
+
+
+async def test_a_fresh_processs_first_watch_waits_for_its_job(queue: Queue) -> None:
+    """The first sync request of a just-started API process: its watch starts the subscription,
+    whose first re-check runs before the job is enqueued (it finds no such job yet). The answer
+    must still be the job's outcome, not a 'not done in time' at once."""
+    waiter = JobWaiter(queue)
+    job_id = new_job_id()
+    try:
+        with waiter.watch(job_id) as watch:
+            await wait_for(lambda: _rechecked(watch), 5, "the first subscription's re-check")
+            await queue.enqueue(job("s", 0), job_id=job_id)
+            answer = asyncio.create_task(watch.outcome(10))
+            await asyncio.sleep(0.2)
+            assert not answer.done()
+            await finish(queue)
+            outcome = await answer
+    finally:
+        await waiter.close()
+    assert outcome == Outcome(JobState.SUCCEEDED, result={"ok": 1})
+
+
+async def _rechecked(watch: Any) -> bool:
+    return bool(watch._future.done())
