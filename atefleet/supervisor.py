@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import fcntl
 import json
 import logging
 import os
@@ -28,7 +27,9 @@ from pathlib import Path
 
 from common.child_process import start_owned
 from common.config import Config
-from common.embedded_redis import EmbeddedRedis, free_port, rotate_log, start_embedded_redis
+from common.embedded_redis import EmbeddedRedis, rotate_log, start_embedded_redis
+from common.file_lock import try_lock
+from common.ports import free_port
 from common.secret_box import KEY_ENV, load_key
 from local_substrate.isolation import describe as describe_isolation
 
@@ -100,13 +101,9 @@ class Supervisor:
     def _lock_state_dir(self) -> None:
         """One `up` per state dir. flock is released by the kernel on exit, so no stale lock."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.state_dir / "up.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise SystemExit(f"another `atefleet up` is running with state dir {self.state_dir}") from None
-        self._lock_fd = fd
+        self._lock_fd = try_lock(self.state_dir / "up.lock")
+        if self._lock_fd is None:
+            raise SystemExit(f"another `atefleet up` is running with state dir {self.state_dir}")
 
     def _base_env(self) -> dict[str, str]:
         env = dict(os.environ)

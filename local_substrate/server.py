@@ -13,7 +13,6 @@ Clients of the embedded server read it there (`common.substrate.make_substrate_c
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import hmac
 import json
 import logging
@@ -22,12 +21,13 @@ import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import grpc.aio
 
 from common.ateapi import ateapi_pb2_grpc as pb_grpc
 from common.config import Config
+from common.file_lock import try_lock
 from common.routing import MAX_UDS_PATH, local_substrate_dir
 from local_substrate.control import Control
 from local_substrate.disk_guard import DiskGuard
@@ -49,16 +49,13 @@ def write_json_atomic(path: Path, data: dict[str, object]) -> None:
     os.replace(tmp, path)
 
 
-def _lock_state_dir(root: Path) -> TextIO:
+def _lock_state_dir(root: Path) -> int:
     """Hold an exclusive lock on the state dir while serving: two servers on one state dir would
-    hand the same slots and snapshots out twice. The kernel drops it if the process dies."""
-    handle = open(root / "lock", "w")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
-        raise RuntimeError(f"another local substrate is serving from {root}") from None
-    return handle
+    hand the same slots and snapshots out twice."""
+    lock = try_lock(root / "lock")
+    if lock is None:
+        raise RuntimeError(f"another local substrate is serving from {root}")
+    return lock
 
 
 def read_or_make_token(path: Path) -> str:
@@ -123,7 +120,7 @@ class LocalSubstrate:
         self.disk_guard: DiskGuard | None = None
         self._server: grpc.aio.Server | None = None
         self.running = False
-        self._lock: TextIO | None = None
+        self._lock: int | None = None
         self._uids: UidBlock | None = None
 
     async def start(self) -> None:
@@ -188,7 +185,7 @@ class LocalSubstrate:
             self._uids.release()
             self._uids = None
         if self._lock is not None:
-            self._lock.close()
+            os.close(self._lock)
             self._lock = None
 
     async def wait(self) -> None:

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import hashlib
 import logging
 import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
+from common.file_lock import try_lock
 from local_substrate.layout import Layout
 from local_substrate.sandbox import SandboxProcess
 from local_substrate.trees import remove_tree
@@ -43,14 +42,15 @@ class UidBlock:
     """The uids a local Substrate's sandboxes run as, held while it serves."""
 
     first: int
-    lock: IO[bytes] | None = None
+    #: The descriptor holding the block's lock (root only: see claim_uid_block).
+    lock: int | None = None
 
     def slot(self, index: int) -> int:
         return self.first + 1 + index
 
     def release(self) -> None:
         if self.lock is not None:
-            self.lock.close()
+            os.close(self.lock)
             self.lock = None
 
 
@@ -64,13 +64,9 @@ def claim_uid_block(root: Path) -> UidBlock:
     UID_LOCKS.mkdir(mode=0o700, exist_ok=True)
     for step in range(UID_BLOCKS):
         first = UID_FIRST + ((digest + step) % UID_BLOCKS) * UID_BLOCK
-        handle = open(UID_LOCKS / str(first), "wb")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
-            continue
-        return UidBlock(first, handle)
+        lock = try_lock(UID_LOCKS / str(first))
+        if lock is not None:
+            return UidBlock(first, lock)
     raise RuntimeError(f"all {UID_BLOCKS} sandbox uid blocks are held by other local substrates")
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ import redis
 
 from common.config import RedisConfig
 from common.embedded_redis import COMPACT_HASH_VALUE_BYTES, maxmemory_bytes, start_embedded_redis, stop_server
+from common.ports import free_port
 from tests.tls_ca import TLSFiles, make_tls_files
 
 #: Picks the server: one of KINDS.
@@ -117,7 +117,7 @@ def start_redis(data_dir: Path, kind: str | None = None) -> RedisUnderTest:
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     tls = make_tls_files(data_dir / "tls") if kind == "tls" else None
-    port, password = _free_port(), secrets.token_urlsafe(24)
+    port, password = free_port(), secrets.token_urlsafe(24)
     conf = _write_config(data_dir, port, password, tls)
     process = subprocess.Popen([binary, str(conf)], stdin=subprocess.DEVNULL,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -179,7 +179,3 @@ def _wait_ready(server: SystemRedis) -> None:
     raise RuntimeError(f"redis-server did not answer PING in {START_TIMEOUT_S} s ({server.data_dir})")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

@@ -3,12 +3,13 @@ API port, say) is skipped when named in `avoid`."""
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import pytest
 
-from common import embedded_redis
-from common.embedded_redis import free_port
+from common import ports
+from common.ports import free_port
 
 
 class _Sockets:
@@ -37,13 +38,11 @@ class _Sockets:
 
 
 def test_a_port_to_avoid_is_never_handed_out(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(embedded_redis.socket, "socket", _Sockets([7001, 7001, 7002]))
+    monkeypatch.setattr(ports.socket, "socket", _Sockets([7001, 7001, 7002]))
     assert free_port(avoid={7001}) == 7002
 
 
 def test_a_real_free_port_binds() -> None:
-    import socket
-
     port = free_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))

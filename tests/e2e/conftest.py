@@ -6,7 +6,6 @@ import hashlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ import pytest
 import redis
 import yaml
 
+from common.ports import free_port
 from tests.redis_servers import RedisUnderTest, selected_kind, start_redis
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,12 +33,6 @@ KEY_BOB = "ak_bob_0123456789abcdef"
 AUTH_FLEET_JOB_TTL_S = 3
 #: ... and answers a sync call still running after this long (s) with 202 + its location.
 AUTH_FLEET_SYNC_WAIT_S = 2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
