@@ -100,6 +100,10 @@ class Capacity:
             2 * ADMIT_WINDOW, parking or "", *self._background_ok])
         return Turn(int(rank), text(park) or None, bool(int(in_flight)))
 
+    async def waiting(self) -> bool:
+        """Whether any resume waits for a worker."""
+        return int(await self.redis.zcard(self.keys.capacity_wait)) > 0
+
     async def position(self, session: str) -> tuple[int, float] | None:
         """(place in the wait queue, unix s it started waiting), or None when it does not wait."""
         rank, since = await asyncio.gather(self.redis.zrank(self.keys.capacity_wait, session),

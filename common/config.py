@@ -200,11 +200,12 @@ class WorkerConfig(_Model):
     #: A resume finding no free Substrate worker waits (holding the session) this long before it
     #: counts as a failed attempt: capacity is backpressure, not an error.
     capacity_wait_s: float = Field(300.0, ge=0)
-    #: Pressure parking: a resume that finds no free Substrate worker parks (suspends) the
-    #: running session idle longest, if it has been idle at least this long (seconds). Small: it
-    #: only matters while resumes wait, and then an agent that thinks longer than it can be parked
-    #: (with sessions far more than workers, nearly every session is within a second of its call).
-    min_idle_s: float = Field(0.05, ge=0)
+    #: Pressure parking: while resumes wait for a Substrate worker, a session is parked once idle
+    #: this long (seconds): the one idle longest, picked by a waiter, or a session whose call just
+    #: ended, right after it. 0: at once, so a freed worker goes to the longest waiter rather than
+    #: idling; raise it to keep back-to-back callers up that long (a call sent meanwhile waits for
+    #: the rest of it at most).
+    min_idle_s: float = Field(0.0, ge=0)
     retry_backoff_base_s: float = Field(0.25, gt=0)
     retry_backoff_max_s: float = Field(10.0, gt=0)
     #: Niceness a worker process adds to its own at start: on a host the workers share with the

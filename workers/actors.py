@@ -68,8 +68,11 @@ IDLE_NUDGE_S = 0.01
 #: After a suspend, admitted waiters ask in the order of their places, this far apart (s): a
 #: freed worker goes to the one first in line, not to whichever asks first.
 ADMITTED_STAGGER_S = 0.02
-#: Principal recorded on the park jobs a waiting resume enqueues.
+#: Principal recorded on the park jobs a waiting resume (or a call ending under pressure) enqueues.
 PARK_PRINCIPAL = "capacity"
+#: A worker that saw resumes wait this recently asks Redis, as each call ends, whether they still
+#: do (see resumes_wait); one that did not, asks nothing: without overcommit a call costs no more.
+PRESSURE_MEMORY_S = 10.0
 #: How long to wait for an actor another operation left RESUMING/SUSPENDING, seconds.
 SETTLE_TIMEOUT_S = 60.0
 SETTLE_POLL_S = 0.1
@@ -136,6 +139,10 @@ class ActorKeeper:
         self._guests: OrderedDict[str, RunningGuest] = OrderedDict()
         self._max_cached = max(64, config.workers.concurrency * 4)
         self._atespaces: set[str] = set()
+        #: Until when (monotonic) this worker asks whether resumes wait (see resumes_wait).
+        self._pressure_until = 0.0
+        #: Sessions whose job now ending asked for its park (park_at_end, then session_idle).
+        self._parking_at_end: set[str] = set()
 
     def _env(self, ctx: JobContext) -> Environment:
         env = self.config.environment(ctx.job.environment)
@@ -329,10 +336,12 @@ class ActorKeeper:
                 # Told a park freed a worker for it; else admitted, and not in the turn that just
                 # asked for a park (the worker it frees is not free yet).
                 if turn is None or me.woken.is_set() or (turn.admitted and turn.park is None):
-                    me.woken.clear()
+                    # Marked woken while it asks: a worker freed meanwhile goes to another waiter.
+                    me.woken.set()
                     try:
                         return await self.substrate.resume_actor(atespace, name)
                     except NoFreeWorkers:
+                        me.woken.clear()
                         if not waiting:
                             waiting = self._wait_begins()
                             continue
@@ -345,7 +354,7 @@ class ActorKeeper:
                 self._wait_ends()
                 await self.capacity.leave(session)
 
-    def park_ended(self, parked: str) -> None:
+    def park_ended(self, parked: str, freed: bool) -> None:
         """A pressure park of `parked` ended here (done or skipped). The worker it freed goes to
         the waiter first in line in this process, whichever waiter asked for the park (parks are
         asked for all along the line, so that they overlap; their workers go in the line's
@@ -356,6 +365,8 @@ class ActorKeeper:
             if w.victim == parked:
                 w.victim = None
                 w.nudged.set()
+        if not freed:
+            return  # skipped: a call came first, or the session was busy
         front = min((w for w in self._waiters.values() if not w.woken.is_set()),
                     key=lambda w: w.place, default=None)
         if front is not None:
@@ -363,11 +374,14 @@ class ActorKeeper:
         else:
             self._worker_freed()
 
-    def session_idle(self) -> None:
+    def session_idle(self, session: str) -> None:
         """A job of a running session ended here: once idle `min_idle_s`, the session may be
         parked. Then the waiter here first in line that has no park in flight looks at once,
-        rather than at its next poll (up to CAPACITY_POLL_MAX_S later)."""
-        if self._waiters:
+        rather than at its next poll (up to CAPACITY_POLL_MAX_S later). Not after a job that
+        parks its session itself (park_at_end): the waiter would find nothing new."""
+        if session in self._parking_at_end:
+            self._parking_at_end.discard(session)
+        elif self._waiters:
             asyncio.get_running_loop().call_later(self.config.workers.min_idle_s + IDLE_NUDGE_S,
                                                   self._nudge)
 
@@ -398,6 +412,7 @@ class ActorKeeper:
         self._freed = asyncio.Event()
 
     def _wait_begins(self) -> bool:
+        self._pressure_until = time.monotonic() + PRESSURE_MEMORY_S
         self._waiting += 1
         self.on_waiting(self._waiting)
         return True
@@ -406,14 +421,33 @@ class ActorKeeper:
         self._waiting -= 1
         self.on_waiting(self._waiting)
 
-    async def _request_park(self, ctx: JobContext, victim: str) -> None:
+    async def resumes_wait(self) -> bool:
+        """Whether resumes wait for a Substrate worker now (asked of Redis only by a worker that
+        saw them wait lately: see PRESSURE_MEMORY_S)."""
+        if time.monotonic() >= self._pressure_until:
+            return False
+        return await self.capacity.waiting()
+
+    async def park_at_end(self, ctx: JobContext) -> None:
+        """The job of `ctx` ends while resumes wait: park its session right after it. The park
+        job goes into the session's own FIFO while the job still holds the lease, so the same
+        turn takes it next (no other worker, no wait for a waiter to pick the session) and a
+        call sent meanwhile queues behind it and finds it skipped or done."""
+        await self._request_park(ctx, ctx.job.session, at_end=True)
+        self._parking_at_end.add(ctx.job.session)
+
+    async def _request_park(self, ctx: JobContext, victim: str, at_end: bool = False) -> None:
         """Ask `victim` to park, through its own FIFO: a call of it that came first runs first,
         and the park job re-checks under the lease that the session is still idle."""
         env, sid = split_session(victim)
+        payload: dict[str, Any] = {"reason": str(SuspendedBy.PRESSURE), "for": ctx.job.session}
+        if at_end:
+            payload["at_end"] = True
         await ctx.queue.enqueue(NewJob(
             environment=env, session_id=sid, kind=JobKind.SUSPEND_IF_IDLE, principal=PARK_PRINCIPAL,
-            payload={"reason": str(SuspendedBy.PRESSURE), "for": ctx.job.session}))
-        log.info("pressure park requested", extra={"fields": {"park": victim, "for": ctx.job.session}})
+            payload=payload))
+        if not at_end:
+            log.info("pressure park requested", extra={"fields": {"park": victim, "for": ctx.job.session}})
 
     def _no_capacity(self, ctx: JobContext, turn: Turn | None) -> JobFailed:
         w = self.config.workers

@@ -8,6 +8,7 @@ A tool's own failure (exit 1, file not found) is a successful job whose result s
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -72,7 +73,7 @@ class JobHandlers:
                 raise
             finally:
                 if job.kind in IDLE_AFTER:
-                    self.actors.session_idle()
+                    self.actors.session_idle(job.session)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -90,12 +91,14 @@ class JobHandlers:
         resume waiting for a Substrate worker asked for (payload `reason`). Re-checked under the
         lease, so a call that came first wins."""
         by = SuspendedBy(ctx.job.payload.get("reason") or SuspendedBy.IDLE)
+        result: dict[str, Any] = {}
         try:
-            return await self._park(ctx, by)
+            result = await self._park(ctx, by)
+            return result
         finally:
             if by is SuspendedBy.PRESSURE:
                 await self.actors.capacity.park_finished(ctx.job.session)
-                self.actors.park_ended(ctx.job.session)
+                self.actors.park_ended(ctx.job.session, freed=result.get("parked") is True)
 
     async def _park(self, ctx: JobContext, by: SuspendedBy) -> dict[str, Any]:
         env = self.config.environment(ctx.job.environment)
@@ -107,6 +110,11 @@ class JobHandlers:
         idle_after_s = self.config.workers.min_idle_s if by is SuspendedBy.PRESSURE else (
             env.idle_timeout_s if env else 0)
         last = float(session.get("last_activity") or 0)
+        at_end = bool(ctx.job.payload.get("at_end"))
+        if at_end:
+            # Asked by the session's own call as it ended: it holds the lease, so the quiet it is
+            # owed is spent here (a call sent meanwhile waits this long at most, then runs).
+            await asyncio.sleep(max(0.0, idle_after_s - (time.time() - last)))
         reason = None
         if session.get("state") != "running":
             reason = f"session is {session.get('state', 'new')}"
@@ -120,7 +128,7 @@ class JobHandlers:
             return {"status": "skipped", "reason": reason}
         result = await self.actors.suspend(ctx, force=True, by=by)
         return {**result, "status": "ok", "parked": True, "suspended_by": str(by),
-                "idle_suspended": by is SuspendedBy.IDLE}
+                "idle_suspended": by is SuspendedBy.IDLE, **({"at_end": True} if at_end else {})}
 
     # -- tool calls ----------------------------------------------------------------------------
 
@@ -151,6 +159,8 @@ class JobHandlers:
             # would resume again at once (coalescing saves a snapshot and a restore), and while
             # background processes run (the session then stays up; idle suspension applies).
             await self.actors.suspend(ctx, force=True, by=SuspendedBy.AUTO_RESUME)
+        elif not auto_resume and await self.actors.resumes_wait():
+            await self.actors.park_at_end(ctx)
         return render_result(ToolCall.from_job_payload(payload), result)
 
     async def _record_background(self, ctx: JobContext, guest: GuestClient) -> None:

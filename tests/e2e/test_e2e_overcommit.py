@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -190,3 +191,48 @@ def test_a_parked_session_whose_actor_vanished_wakes_on_a_new_one(small_fleet: R
 async def _delete_actor(config: Config, actor: dict[str, str]) -> None:
     async with make_substrate_client(config, substrate_address(config)) as substrate:
         await substrate.delete_actor(actor["atespace"], actor["name"])
+
+
+def test_a_call_ending_while_a_resume_waits_parks_its_own_session(small_fleet: RunningFleet) -> None:
+    # given every slot but one held by a session running a background process (no park candidate)
+    # and the last by a session whose long call is running (leased: no candidate either)
+    keepers = [f"ek-{uuid.uuid4().hex[:8]}-{i}" for i in range(SLOTS - 1)]
+    busy, waiting = f"eb-{uuid.uuid4().hex[:8]}", f"ew-{uuid.uuid4().hex[:8]}"
+    config = load_config(small_fleet.config_path)
+    keys, redis = Keys(config.redis_prefix), small_fleet.redis_client()
+    with small_fleet.client() as c, ThreadPoolExecutor(2) as pool:
+        for sid in keepers:
+            r = c.post(_base(sid), json={**_call("bash", command="sleep 60", background=True),
+                                         "auto_resume": True})
+            assert r.status_code == 200 and _view(c, sid)["state"] == "running", r.text
+        assert c.post(f"{_base(busy)}/resume").status_code == 200
+        long_call = pool.submit(c.post, _base(busy), json=_call(
+            "bash", command="sleep 2; echo done > f.txt; echo done"))
+        _wait_state(c, busy, lambda v: v["running_job"] is not None)
+        # when a resume waits for a worker, and then the long call ends
+        resumed = pool.submit(c.post, f"{_base(waiting)}/resume")
+        _wait_state(c, waiting, lambda v: v["capacity_wait"] is not None)
+        r = long_call.result(30)
+        assert r.status_code == 200 and r.json()["output"] == "done\n", r.text
+        # then the waiting resume gets the worker: the call's own session was parked right after it
+        r = resumed.result(30)
+        assert r.status_code == 200, r.text
+        assert _view(c, busy)["suspended_by"] == "pressure"
+        jobs = [b"".join(redis.hgetall(k).values()) for k in redis.scan_iter(match=keys.job("*"), count=1000)]
+        assert any(busy.encode() in j and b'"at_end":true' in j for j in jobs)
+        # and its next call wakes it with its file
+        r = c.post(_base(busy), json=_call("read_file", path="f.txt"))
+        assert r.status_code == 200 and r.json()["output"].strip() == "done", r.text
+        # (clean up: forced suspends free the slots for the other tests)
+        for sid in (*keepers, busy, waiting):
+            assert c.post(f"{_base(sid)}/suspend", params={"force": "true"}).status_code == 200
+
+
+def _wait_state(c: httpx.Client, sid: str, ok: Any, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        r = c.get(_base(sid))
+        if r.status_code == 200 and ok(r.json()):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"session {sid} did not reach the state wanted: {c.get(_base(sid)).text}")

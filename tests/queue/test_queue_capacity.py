@@ -173,12 +173,29 @@ async def test_a_pressure_parks_worker_goes_to_the_front_waiter_here(config: Con
     # when parks end one after another, then each tells the front-most waiter not told yet
     told = []
     for _ in waiters:
-        keeper.park_ended("e/parked")
+        keeper.park_ended("e/parked", freed=True)
         told += [s for s, w in waiters.items() if w.woken.is_set() and s not in told]
     assert told == ["e/front", "e/middle", "e/back", "e/unplaced"] and not freed.is_set()
     # and one more, with every waiter told, frees the worker for any admitted waiter
-    keeper.park_ended("e/parked")
+    keeper.park_ended("e/parked", freed=True)
     assert freed.is_set()
+
+
+async def test_a_waiter_asking_substrate_is_not_told_again_and_a_skipped_park_tells_nobody(
+        config: Config) -> None:
+    # (pure logic) A waiter marks itself told while it asks Substrate: a second worker freed
+    # meanwhile must go to the next waiter, not be spent on one about to be served.
+    keeper = ActorKeeper(config, substrate=None, router=None, capacity=None)  # type: ignore[arg-type]
+    asking, nxt = _Waiter(place=(1000, "e/asking")), _Waiter(place=(2000, "e/next"))
+    asking.woken.set()
+    keeper._waiters.update({"e/asking": asking, "e/next": nxt})
+    freed = keeper._freed
+    # when a park is skipped (a call of that session came first), then nobody is told
+    keeper.park_ended("e/busy", freed=False)
+    assert not nxt.woken.is_set() and not freed.is_set()
+    # when one frees a worker, then the waiter not asking yet is told
+    keeper.park_ended("e/parked", freed=True)
+    assert nxt.woken.is_set() and not freed.is_set()
 
 
 async def test_a_job_ending_here_makes_the_front_waiter_without_a_park_look_once_idle_enough() -> None:
@@ -186,15 +203,20 @@ async def test_a_job_ending_here_makes_the_front_waiter_without_a_park_look_once
     config = parse_config({"environments": [{"name": ENV}], "workers": {"min_idle_s": 0.05}})
     keeper = ActorKeeper(config, substrate=None, router=None, capacity=None)  # type: ignore[arg-type]
     # given no waiter here, then a job's end schedules nothing
-    keeper.session_idle()
+    keeper.session_idle("e/ended")
     # given the first waiter in line with its park in flight, one told a worker is its own, and two more
     waiters = {s: _Waiter(place=(ms, s)) for s, ms in
                (("e/parking", 1000), ("e/woken", 1500), ("e/next", 2000), ("e/last", 3000))}
     waiters["e/parking"].victim = "e/victim"
     waiters["e/woken"].woken.set()
     keeper._waiters.update(waiters)
+    # when a job that parks its session itself ends here, then nobody is nudged for it
+    keeper._parking_at_end.add("e/self-parked")
+    keeper.session_idle("e/self-parked")
+    await asyncio.sleep(0.1)
+    assert not any(w.nudged.is_set() for w in waiters.values()) and not keeper._parking_at_end
     # when a job ends here, then nobody looks before min_idle_s (the session is no candidate yet)
-    keeper.session_idle()
+    keeper.session_idle("e/ended")
     await asyncio.sleep(0.03)
     assert not any(w.nudged.is_set() for w in waiters.values())
     # and once it has passed, the front waiter that can ask for a park looks, and only that one
@@ -202,5 +224,5 @@ async def test_a_job_ending_here_makes_the_front_waiter_without_a_park_look_once
     assert [s for s, w in waiters.items() if w.nudged.is_set()] == ["e/next"]
 
     # when the park it asked for ends, then that waiter may ask for another at once
-    keeper.park_ended("e/victim")
+    keeper.park_ended("e/victim", freed=True)
     assert waiters["e/parking"].victim is None and waiters["e/parking"].nudged.is_set()
