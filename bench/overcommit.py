@@ -172,29 +172,37 @@ def op_means_ms(metrics: str) -> dict[str, float]:
     return {label: round(1000 * s / n, 1) for label, (s, n) in sorted(totals.items()) if n}
 
 
-def machine_cpu_s(up_pid: int) -> float:
-    """CPU seconds the fleet and this client used so far."""
-    return sum(cpu_by_role(up_pid).values()) + time.process_time()
+def machine_cpu_s(up_pid: int) -> dict[str, float]:
+    """CPU seconds the fleet (by role) and this client used so far."""
+    return {**cpu_by_role(up_pid), "client": time.process_time()}
 
 
-async def sample_cpu(up_pid: int, into: list[tuple[float, float]]) -> None:
+#: (perf_counter, CPU seconds by role) samples taken during the run.
+Samples = list[tuple[float, dict[str, float]]]
+
+
+async def sample_cpu(up_pid: int, into: Samples) -> None:
     while True:
         into.append((time.perf_counter(), machine_cpu_s(up_pid)))
         await asyncio.sleep(CPU_SAMPLE_S)
 
 
-def ceiling(sessions: int, samples: list[tuple[float, float]], after: float,
-            calls_after: int) -> dict[str, Any]:
+def ceiling(sessions: int, samples: Samples, after: float, calls_after: int) -> dict[str, Any]:
     """What this machine's cores allow: the start-up's CPU (the first resumes' cold starts, and
     the calls made meanwhile) and the least time it takes on every core; after it, the fleet's
-    and client's CPU per call, the call rate that would saturate every core, and (a closed loop
-    of `sessions` agents) the least mean call latency at that rate: sessions / rate - mean think."""
-    at = next(((t, c) for t, c in samples if t >= after), samples[-1])
-    ms = (samples[-1][1] - at[1]) * 1000 / max(calls_after, 1)
+    and client's CPU per call (printed by role), the call rate that would saturate every core,
+    and (a closed loop of `sessions` agents) the least mean call latency at that rate:
+    sessions / rate - mean think."""
+    at = next(((t, c) for t, c in samples if t >= after), samples[-1])[1]
+    first, last = samples[0][1], samples[-1][1]
+    by_role = {r: (last[r] - at.get(r, 0.0)) * 1000 / max(calls_after, 1) for r in last}
+    print(f"CPU ms per call by role after the start-up: "
+          f"{json.dumps({r: round(v, 2) for r, v in by_role.items()})}")
+    ms = sum(by_role.values())
     cores = os.cpu_count() or 1
     rate = cores * 1000 / ms if ms else 0.0
     floor_s = sessions / rate - sum(THINK_S) / 2 if rate else 0.0
-    start_s = at[1] - samples[0][1]
+    start_s = sum(at.values()) - sum(first.values())
     return {"overcommit_start_cpu_s": round(start_s, 1),
             "overcommit_start_cpu_bound_s": round(start_s / cores, 1),
             "overcommit_cpu_ms_per_call_after_start": round(ms, 1), "overcommit_cores": cores,
@@ -206,7 +214,7 @@ async def run(fleet: RunningFleet, sessions: int, calls: int, seed: int) -> dict
     figures = Figures()
     rng = random.Random(seed)
     roles0, client0, began = cpu_by_role(fleet.process.pid), time.process_time(), time.perf_counter()
-    samples: list[tuple[float, float]] = []
+    samples: Samples = []
     sampler = asyncio.create_task(sample_cpu(fleet.process.pid, samples))
     await asyncio.gather(*(agent(fleet.url, f"oc-{uuid.uuid4().hex[:10]}", calls, figures,
                                  random.Random(rng.random())) for _ in range(sessions)))

@@ -320,13 +320,16 @@ class ActorKeeper:
         waiting = await self.capacity.full_or_waiting() and self._wait_begins()
         me = _Waiter()
         self._waiters[session] = me
+        turn: Turn | None = None
         try:
             while True:
                 if ctx.cancel_requested:
                     raise JobCancelled("cancelled while waiting for a Substrate worker")
                 me.nudged.clear()
-                turn = await self.capacity.turn(session, since_ms, me.victim) if waiting else None
-                if turn is not None:
+                # One told a worker is its own asks Substrate at once: a turn first would only
+                # give another waiter time to take that worker.
+                if waiting and not me.woken.is_set():
+                    turn = await self.capacity.turn(session, since_ms, me.victim)
                     me.place = (since_ms, session)
                     if not turn.park_in_flight:
                         me.victim = None
@@ -335,7 +338,8 @@ class ActorKeeper:
                         me.victim = turn.park
                 # Told a park freed a worker for it; else admitted, and not in the turn that just
                 # asked for a park (the worker it frees is not free yet).
-                if turn is None or me.woken.is_set() or (turn.admitted and turn.park is None):
+                if not waiting or me.woken.is_set() or (
+                        turn is not None and turn.admitted and turn.park is None):
                     # Marked woken while it asks: a worker freed meanwhile goes to another waiter.
                     me.woken.set()
                     try:
