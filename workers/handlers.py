@@ -118,7 +118,10 @@ class JobHandlers:
         reason = None
         if session.get("state") != "running":
             reason = f"session is {session.get('state', 'new')}"
-        elif (not idle_after_s and by is not SuspendedBy.PRESSURE) or time.time() - last < idle_after_s:
+        # An at_end park held the lease all along and waited its quiet out above; `last` is
+        # stored to the millisecond, so comparing again could refuse it by a rounding.
+        elif not at_end and ((not idle_after_s and by is not SuspendedBy.PRESSURE)
+                             or time.time() - last < idle_after_s):
             reason = "session was active since the idle check"
         elif await ctx.peek_next_job() is not None:
             reason = "more work is queued"

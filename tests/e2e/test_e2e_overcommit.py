@@ -8,7 +8,9 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -193,39 +195,87 @@ async def _delete_actor(config: Config, actor: dict[str, str]) -> None:
         await substrate.delete_actor(actor["atespace"], actor["name"])
 
 
-def test_a_call_ending_while_a_resume_waits_parks_its_own_session(small_fleet: RunningFleet) -> None:
-    # given every slot but one held by a session running a background process (no park candidate)
-    # and the last by a session whose long call is running (leased: no candidate either)
+@dataclass
+class _Pressure:
+    """Every slot but one held by a session running a background process (no park candidate),
+    the last by `busy`, whose long call runs (leased: no candidate either), and `waiting`'s
+    resume waiting for a worker."""
+
+    keepers: list[str]
+    busy: str
+    waiting: str
+    long_call: Future[httpx.Response]
+    resumed: Future[httpx.Response]
+
+
+@contextmanager
+def _pressure(c: httpx.Client, pool: ThreadPoolExecutor) -> Iterator[_Pressure]:
     keepers = [f"ek-{uuid.uuid4().hex[:8]}-{i}" for i in range(SLOTS - 1)]
     busy, waiting = f"eb-{uuid.uuid4().hex[:8]}", f"ew-{uuid.uuid4().hex[:8]}"
-    config = load_config(small_fleet.config_path)
-    keys, redis = Keys(config.redis_prefix), small_fleet.redis_client()
-    with small_fleet.client() as c, ThreadPoolExecutor(2) as pool:
-        for sid in keepers:
-            r = c.post(_base(sid), json={**_call("bash", command="sleep 60", background=True),
-                                         "auto_resume": True})
-            assert r.status_code == 200 and _view(c, sid)["state"] == "running", r.text
-        assert c.post(f"{_base(busy)}/resume").status_code == 200
-        long_call = pool.submit(c.post, _base(busy), json=_call(
-            "bash", command="sleep 2; echo done > f.txt; echo done"))
-        _wait_state(c, busy, lambda v: v["running_job"] is not None)
-        # when a resume waits for a worker, and then the long call ends
-        resumed = pool.submit(c.post, f"{_base(waiting)}/resume")
-        _wait_state(c, waiting, lambda v: v["capacity_wait"] is not None)
-        r = long_call.result(30)
+    for sid in keepers:
+        call = _call("bash", command="sleep 60", background=True)
+        r = c.post(_base(sid), json={**call, "auto_resume": True})
+        assert r.status_code == 200 and _view(c, sid)["state"] == "running", r.text
+    assert c.post(f"{_base(busy)}/resume").status_code == 200
+    long_call = pool.submit(c.post, _base(busy), json=_call(
+        "bash", command="sleep 2; echo done > f.txt; echo done"))
+    _wait_state(c, busy, lambda v: v["running_job"] is not None)
+    resumed = pool.submit(c.post, f"{_base(waiting)}/resume")
+    _wait_state(c, waiting, lambda v: v["capacity_wait"] is not None)
+    yield _Pressure(keepers, busy, waiting, long_call, resumed)
+    # (clean up: forced suspends free the slots for the other tests)
+    for sid in (*keepers, busy, waiting):
+        assert c.post(f"{_base(sid)}/suspend", params={"force": "true"}).status_code == 200
+
+
+def _park_results(fleet: RunningFleet, sid: str) -> list[bytes]:
+    """The stored records of the fleet's jobs that name `sid` (a finished one keeps its result)."""
+    keys, redis = Keys(load_config(fleet.config_path).redis_prefix), fleet.redis_client()
+    records = (b"".join(redis.hgetall(k).values()) for k in redis.scan_iter(match=keys.job("*"), count=1000))
+    return [r for r in records if sid.encode() in r and (b'"parked"' in r or b'"skipped"' in r)]
+
+
+def test_a_call_ending_while_a_resume_waits_parks_its_own_session(small_fleet: RunningFleet) -> None:
+    with small_fleet.client() as c, ThreadPoolExecutor(2) as pool, _pressure(c, pool) as p:
+        # when the long call ends
+        r = p.long_call.result(30)
         assert r.status_code == 200 and r.json()["output"] == "done\n", r.text
         # then the waiting resume gets the worker: the call's own session was parked right after it
-        r = resumed.result(30)
+        r = p.resumed.result(30)
         assert r.status_code == 200, r.text
-        assert _view(c, busy)["suspended_by"] == "pressure"
-        jobs = [b"".join(redis.hgetall(k).values()) for k in redis.scan_iter(match=keys.job("*"), count=1000)]
-        assert any(busy.encode() in j and b'"at_end":true' in j for j in jobs)
+        assert _view(c, p.busy)["suspended_by"] == "pressure"
+        assert any(b'"at_end":true' in j for j in _park_results(small_fleet, p.busy))
         # and its next call wakes it with its file
-        r = c.post(_base(busy), json=_call("read_file", path="f.txt"))
+        r = c.post(_base(p.busy), json=_call("read_file", path="f.txt"))
         assert r.status_code == 200 and r.json()["output"].strip() == "done", r.text
-        # (clean up: forced suspends free the slots for the other tests)
-        for sid in (*keepers, busy, waiting):
-            assert c.post(f"{_base(sid)}/suspend", params={"force": "true"}).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def patient_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningFleet]:
+    """Few slots, and sessions kept up a second after a call while resumes wait (min_idle_s)."""
+    tmp = tmp_path_factory.mktemp("overcommit-patient")
+    cfg = base_config(tmp, free_port())
+    cfg["local_substrate"]["slots"] = SLOTS
+    cfg["workers"] = {"processes": 1, "lease_ttl_s": 3, "min_idle_s": 1.0}
+    running = start_fleet(tmp, cfg)
+    yield running
+    running.stop()
+
+
+def test_with_min_idle_a_back_to_back_call_keeps_its_session_up(patient_fleet: RunningFleet) -> None:
+    with patient_fleet.client() as c, ThreadPoolExecutor(2) as pool, _pressure(c, pool) as p:
+        # when the long call ends, and its session's next call follows at once
+        r = p.long_call.result(30)
+        assert r.status_code == 200, r.text
+        r = c.post(_base(p.busy), json=_call("read_file", path="f.txt"))
+        # then that call ran on the session still up: the park after the first call waited out
+        # min_idle_s, found it queued, and stood down
+        assert r.status_code == 200 and r.json()["output"].strip() == "done", r.text
+        assert any(b"more work is queued" in j for j in _park_results(patient_fleet, p.busy))
+        # and the park after the second call, once min_idle_s passed, gave the waiter its worker
+        r = p.resumed.result(30)
+        assert r.status_code == 200, r.text
+        assert _view(c, p.busy)["suspended_by"] == "pressure"
 
 
 def _wait_state(c: httpx.Client, sid: str, ok: Any, timeout_s: float = 20) -> None:
