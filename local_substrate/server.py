@@ -28,7 +28,7 @@ import grpc.aio
 from common.ateapi import ateapi_pb2_grpc as pb_grpc
 from common.config import Config
 from common.file_lock import try_lock
-from common.routing import MAX_UDS_PATH, local_substrate_dir
+from common.routing import local_substrate_dir
 from local_substrate.control import Control
 from local_substrate.disk_guard import DiskGuard
 from local_substrate.isolation import isolation_report
@@ -125,9 +125,6 @@ class LocalSubstrate:
 
     async def start(self) -> None:
         check_network_host(self.config)
-        longest = self.layout.socket(f"slot-{self.config.local_substrate.slots - 1}", "f" * 32)
-        if len(str(longest)) > MAX_UDS_PATH:
-            raise RuntimeError(f"state_dir too deep: guest socket {longest} exceeds {MAX_UDS_PATH} bytes")
         self.layout.create()
         self._lock = _lock_state_dir(self.layout.root)
         try:
@@ -178,6 +175,7 @@ class LocalSubstrate:
         if self.control is not None:
             await self.control.close(suspend_running=suspend_running)
         self.layout.status.unlink(missing_ok=True)
+        self.layout.remove_sockets_apart()
         self._unlock()
 
     def _unlock(self) -> None:

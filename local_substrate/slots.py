@@ -106,9 +106,12 @@ class SlotDirs:
         Each dir is first renamed into the slot's trash, which nothing left in it can prevent,
         so the slot starts clean even when deleting fails (see `prepare`)."""
         self.trash.mkdir(parents=True, exist_ok=True)
-        for d in (*(self.base / n for n in SLOT_DIRS), self.sock_dir):
+        for d in (self.base / n for n in SLOT_DIRS):
             with contextlib.suppress(FileNotFoundError):
                 os.rename(d, self.trash / uuid.uuid4().hex)
+        # Only the local Substrate writes here (it binds the sockets; no sandbox sees the dir), and
+        # it may be on another file system than the trash (`Layout.sock_root`).
+        remove_tree(str(self.sock_dir))
         self.prepare()
 
     def prepare(self) -> None:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from common.actor_names import actor_name
 from common.config import DNS1123_LABEL, parse_config
-from common.routing import ClusterGuestRouter, LocalGuestRouter, make_router
+from common.routing import ClusterGuestRouter, LocalGuestRouter, guest_socket_root, make_router
 from common.substrate import Actor, ActorNotRunning, ActorStatus
 
 STUBS = ("ateapi_pb2.py", "ateapi_pb2.pyi", "ateapi_pb2_grpc.py")
@@ -51,7 +51,8 @@ async def test_routing_local_and_cluster(tmp_path: Path) -> None:
     assert isinstance(local, LocalGuestRouter)
     address = await local.address(_actor(ActorStatus.RUNNING))
     # one socket per incarnation: the pod_uid's first 12 hex digits name it
-    assert address.uds == str(tmp_path.resolve() / "local-substrate/sock/slot-3/0123456789ab.sock")
+    sock_root = guest_socket_root(tmp_path / "local-substrate")
+    assert address.uds == str(sock_root / "slot-3/0123456789ab.sock")
     cluster = make_router(parse_config({"ate": {"ateapi": "api:443", "router_url": "http://router/"}}))
     assert isinstance(cluster, ClusterGuestRouter)
     address = await cluster.address(_actor(ActorStatus.RUNNING))
