@@ -114,6 +114,9 @@ class Control:
             e.template for e in config.environments
         }
         self._busy: set[str] = set()
+        #: Slots whose suspend is stopping their sandbox; notified as each is done (_running_place).
+        self._stilling: set[str] = set()
+        self._places = asyncio.Condition()
         self.faults = Faults(config.local_substrate.faults)
         self._ops: set[asyncio.Task[Any]] = set()
 
@@ -342,6 +345,14 @@ class Control:
         finally:
             self._busy.discard(name)
 
+    async def _running_place(self) -> None:
+        """Wait while every running place is taken but a suspend is stopping a sandbox: it frees
+        that place once the sandbox is stopped, before its snapshot is written (Slot.stilled), so
+        a resume then runs alongside that write instead of being refused for it."""
+        async with self._places:
+            while self.slots.busy >= self.slots.count and self._stilling:
+                await self._places.wait()
+
     def template(self, rec: ActorRecord) -> TemplateConfig:
         return self._config.template(rec.template_name)
 
@@ -374,6 +385,7 @@ class Control:
             # An earlier suspend failed midway: finish its checkpoint first, then resume from it.
             rec = await self._suspend(atespace, name, Status.SUSPENDED)
         self._release_leftover(rec)
+        await self._running_place()
         home = self.slots.frozen_of(name)
         if home is not None:
             thawed = await self._thaw(rec, home)
@@ -531,9 +543,16 @@ class Control:
             rec = self.store.update(rec.evolve(status=going))
         run_id = rec.run_id
         # Frozen, the sandbox writes nothing while the snapshot is taken, as if it had stopped.
-        kept = target is Status.SUSPENDED and await self._freeze(slot)
-        if not kept:
-            await self._stop_process(slot)
+        self._stilling.add(slot.name)
+        try:
+            kept = target is Status.SUSPENDED and await self._freeze(slot)
+            if not kept:
+                await self._stop_process(slot)
+            slot.stilled = True
+        finally:
+            self._stilling.discard(slot.name)
+            async with self._places:
+                self._places.notify_all()
         self.faults.midway("SuspendActor" if target is Status.SUSPENDED else "PauseActor")
         path = self.snapshots.new_path(rec.uid)
         limits = SnapshotLimits.of(self.template(rec).limits)

@@ -147,6 +147,10 @@ class Slot:
     watcher: asyncio.Task[None] | None = None
     #: True while a suspend stops the sandbox on purpose.
     stopping: bool = False
+    #: True once that suspend has stopped (or frozen) every process of the sandbox, while it
+    #: writes the snapshot: nothing runs, so the slot holds no running place (a resume of another
+    #: actor may start meanwhile, in another slot), though it keeps its dirs.
+    stilled: bool = False
     #: The actor is suspended with its sandbox stopped in this slot: its run id (the guest's
     #: socket path) and the snapshot written at that suspend (a resume continues the sandbox
     #: only if that is still the actor's latest).
@@ -157,7 +161,7 @@ class Slot:
 
     @property
     def running(self) -> bool:
-        return bool(self.actor) and not self.frozen
+        return bool(self.actor) and not self.frozen and not self.stilled
 
     @property
     def uid(self) -> int:
@@ -193,6 +197,7 @@ class SlotPool:
         """`slot`'s actor is suspended with its sandbox stopped there: its running place is free."""
         self._clock += 1
         slot.frozen, slot.run_id, slot.snapshot, slot.stopping = True, run_id, snapshot, False
+        slot.stilled = False
         slot.last_used = self._clock
 
     def thaw(self, slot: Slot) -> None:
@@ -208,7 +213,7 @@ class SlotPool:
 
     def release(self, slot: Slot) -> None:
         self._clock += 1
-        slot.actor, slot.process, slot.watcher, slot.stopping = "", None, None, False
+        slot.actor, slot.process, slot.watcher, slot.stopping, slot.stilled = "", None, None, False, False
         slot.frozen, slot.run_id, slot.snapshot = False, "", ""
         slot.last_used = self._clock
 

@@ -116,6 +116,8 @@ class _Waiter:
     #: The session it asked to park, while that park is in flight: it is given no other
     #: meanwhile (capacity_turn), so parks in flight never outnumber the waiters.
     victim: str | None = None
+    #: Set once its resume succeeded (a park that told it early learns its worker was used).
+    resumed: bool = False
 
 
 class ActorKeeper:
@@ -143,6 +145,11 @@ class ActorKeeper:
         self._pressure_until = 0.0
         #: Sessions whose job now ending asked for its park (park_at_end, then session_idle).
         self._parking_at_end: set[str] = set()
+        #: The embedded local Substrate frees a suspending actor's running place once its sandbox
+        #: is stopped, and holds a resume that comes meanwhile until then; a real one refuses it.
+        self._hand_over_early = not config.ate.ateapi
+        #: Pressure parks in flight that told a waiter here before their suspend (_hand_over).
+        self._handed: dict[str, _Waiter] = {}
 
     def _env(self, ctx: JobContext) -> Environment:
         env = self.config.environment(ctx.job.environment)
@@ -343,7 +350,9 @@ class ActorKeeper:
                     # Marked woken while it asks: a worker freed meanwhile goes to another waiter.
                     me.woken.set()
                     try:
-                        return await self.substrate.resume_actor(atespace, name)
+                        actor = await self.substrate.resume_actor(atespace, name)
+                        me.resumed = True
+                        return actor
                     except NoFreeWorkers:
                         me.woken.clear()
                         if not waiting:
@@ -364,19 +373,38 @@ class ActorKeeper:
         asked for all along the line, so that they overlap; their workers go in the line's
         order), and only that waiter is told, so no other asks Substrate for it in vain. None
         waiting here: the admitted ones are told as after any suspend. The waiter here that asked
-        for the park may ask for another at once, rather than at its next poll."""
+        for the park may ask for another at once, rather than at its next poll. A park that told
+        a waiter as its suspend began (_hand_over) tells nobody else, unless that waiter left
+        without resuming."""
         for w in self._waiters.values():
             if w.victim == parked:
                 w.victim = None
                 w.nudged.set()
+        handed = self._handed.pop(parked, None)
+        if handed is not None and (handed.resumed or any(w is handed for w in self._waiters.values())):
+            if freed and not handed.resumed:
+                handed.woken.set()  # its resume came too early and was refused: now it is free
+            return
         if not freed:
             return  # skipped: a call came first, or the session was busy
-        front = min((w for w in self._waiters.values() if not w.woken.is_set()),
-                    key=lambda w: w.place, default=None)
+        front = self._front_not_told()
         if front is not None:
             front.woken.set()
         else:
             self._worker_freed()
+
+    def _front_not_told(self) -> _Waiter | None:
+        return min((w for w in self._waiters.values() if not w.woken.is_set()),
+                   key=lambda w: w.place, default=None)
+
+    def _hand_over(self, parked: str) -> None:
+        """A pressure park of `parked` is about to suspend it. With the embedded Substrate the
+        front waiter here is told now, not when the suspend returns: its resume then runs while
+        the parked actor's snapshot is written (park_ended tells nobody else for this park)."""
+        front = self._front_not_told() if self._hand_over_early else None
+        if front is not None:
+            front.woken.set()
+            self._handed[parked] = front
 
     def session_idle(self, session: str) -> None:
         """A job of a running session ended here: once idle `min_idle_s`, the session may be
@@ -540,6 +568,8 @@ class ActorKeeper:
                     # succeeds; that resume restores the snapshot the failed one started from.
                     actor = await self.substrate.resume_actor(env.atespace, name)
                     await self._settle(env.atespace, name, actor, want=ActorStatus.RUNNING)
+                if by is SuspendedBy.PRESSURE:
+                    self._hand_over(ctx.job.session)
                 actor = await self.substrate.suspend_actor(env.atespace, name)
                 await self._settle(env.atespace, name, actor, want=ActorStatus.SUSPENDED)
         except SnapshotFailed as err:

@@ -198,6 +198,61 @@ async def test_a_waiter_asking_substrate_is_not_told_again_and_a_skipped_park_te
     assert nxt.woken.is_set() and not freed.is_set()
 
 
+async def test_with_the_embedded_substrate_a_park_tells_the_front_waiter_before_its_suspend(
+        config: Config) -> None:
+    # (pure logic) The local Substrate frees a suspending actor's place once its sandbox is
+    # stopped, so a pressure park tells the front waiter here as it starts the suspend; that
+    # park's end then tells nobody else, unless the waiter it told is gone without its worker.
+    def keeper_with(*places: tuple[str, int]) -> tuple[ActorKeeper, dict[str, _Waiter]]:
+        keeper = ActorKeeper(config, substrate=None, router=None, capacity=None)  # type: ignore[arg-type]
+        waiters = {s: _Waiter(place=(ms, s)) for s, ms in places}
+        keeper._waiters.update(waiters)
+        return keeper, waiters
+
+    def told(waiters: dict[str, _Waiter]) -> list[str]:
+        return [s for s, w in waiters.items() if w.woken.is_set()]
+
+    # given two waiters, when a park starts its suspend, then the front one is told at once
+    keeper, waiters = keeper_with(("e/next", 2000), ("e/front", 1000))
+    keeper._hand_over("e/parked")
+    assert told(waiters) == ["e/front"]
+    # when the park ends while that waiter still asks, then nobody else is told for it
+    keeper.park_ended("e/parked", freed=True)
+    assert told(waiters) == ["e/front"] and not keeper._freed.is_set()
+
+    # when its resume came too early and was refused, then the park's end tells it again
+    keeper, waiters = keeper_with(("e/front", 1000), ("e/next", 2000))
+    keeper._hand_over("e/parked")
+    waiters["e/front"].woken.clear()
+    keeper.park_ended("e/parked", freed=True)
+    assert told(waiters) == ["e/front"]
+
+    # when it resumed and left, then the park's worker was its: nobody else is told
+    keeper, waiters = keeper_with(("e/front", 1000), ("e/next", 2000))
+    keeper._hand_over("e/parked")
+    waiters["e/front"].resumed = True
+    del keeper._waiters["e/front"]
+    keeper.park_ended("e/parked", freed=True)
+    assert told(waiters) == ["e/front"]
+
+    # when it gave up without resuming, then the park's worker goes to the next waiter
+    keeper, waiters = keeper_with(("e/front", 1000), ("e/next", 2000))
+    keeper._hand_over("e/parked")
+    del keeper._waiters["e/front"]
+    keeper.park_ended("e/parked", freed=True)
+    assert told(waiters) == ["e/front", "e/next"]
+
+    # with a real Substrate (it refuses a resume until the suspend is done), nobody is told early
+    cluster = parse_config({"environments": [{"name": ENV}], "ate": {"ateapi": "api:443"}})
+    keeper = ActorKeeper(cluster, substrate=None, router=None, capacity=None)  # type: ignore[arg-type]
+    early = _Waiter(place=(1000, "e/front"))
+    keeper._waiters["e/front"] = early
+    keeper._hand_over("e/parked")
+    assert not early.woken.is_set()
+    keeper.park_ended("e/parked", freed=True)
+    assert early.woken.is_set()
+
+
 async def test_a_job_ending_here_makes_the_front_waiter_without_a_park_look_once_idle_enough() -> None:
     # (pure logic: which waiter of a worker process a session that may be a candidate tells)
     config = parse_config({"environments": [{"name": ENV}], "workers": {"min_idle_s": 0.05}})
