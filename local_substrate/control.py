@@ -27,7 +27,6 @@ import asyncio
 import base64
 import json
 import logging
-import os
 import sqlite3
 import uuid
 from collections.abc import Awaitable, Callable
@@ -65,11 +64,12 @@ T = TypeVar("T")
 FREEZABLE_LEVELS = frozenset({"bwrap", "unshare"})
 
 
-def can_keep_frozen(level: str) -> bool:
+def can_keep_frozen(level: str, nproc_per_sandbox: bool) -> bool:
     """Whether this server keeps suspended sandboxes frozen: at a level with a pid namespace, and
-    with a uid per slot (root). As a normal user every sandbox shares the fleet's uid, whose
-    RLIMIT_NPROC budget (`max_pids`) stopped sandboxes would use up for the running ones."""
-    return level in FREEZABLE_LEVELS and os.geteuid() == 0
+    where a sandbox's RLIMIT_NPROC counts only its own processes (`sandbox.nproc_counted_per_sandbox`:
+    as root, or bwrap on a kernel that counts per user namespace). Elsewhere every sandbox shares
+    the fleet's uid's budget (`max_pids`), which stopped sandboxes would use up for running ones."""
+    return level in FREEZABLE_LEVELS and nproc_per_sandbox
 
 #: ListActors page size bounds (SUBSTRATE_CONTROL.md).
 DEFAULT_PAGE_SIZE = 1000
@@ -96,10 +96,12 @@ def decode_token(token: str) -> tuple[str, str]:
 class Control:
     """Actors, atespaces and slots of one local Substrate (all calls on one event loop)."""
 
-    def __init__(self, config: Config, layout: Layout, level: str, uids: UidBlock) -> None:
+    def __init__(self, config: Config, layout: Layout, level: str, uids: UidBlock,
+                 nproc_per_sandbox: bool) -> None:
         self._config = config
         self._layout = layout
         self.level = level
+        self.keeps_frozen = can_keep_frozen(level, nproc_per_sandbox)
         self.stop_grace_s = config.local_substrate.stop_grace_s
         self.store = Store(layout.db)
         self.cgroups = Cgroups(
@@ -477,7 +479,7 @@ class Control:
         process = slot.process
         if (
             not self.slots.can_freeze
-            or not can_keep_frozen(self.level)
+            or not self.keeps_frozen
             or process is None
             or process.proc.returncode is not None
         ):

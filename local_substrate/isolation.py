@@ -15,9 +15,11 @@ from local_substrate.sandbox import SHM_SHARE
 GIVEN_UP = {
     "sandbox": "no sandbox: tenant commands run as plain processes of the fleet's user and can read "
     "its files, keys and state and reach its ports (trusted code only)",
-    "uids": "no per-slot uid (not root): every sandbox and the fleet share one uid, so one "
-    "sandbox's process count counts against the others' RLIMIT_NPROC, and no suspended sandbox is "
-    "kept frozen (each resume starts a new one)",
+    "uids": "no per-slot uid (not root): every sandbox runs as the fleet's uid, each in a user "
+    "namespace of its own",
+    "nproc": "RLIMIT_NPROC counts the fleet's uid as a whole (no per-slot uid, and a kernel that "
+    "does not count per user namespace): one sandbox's process count counts against the others', "
+    "and no suspended sandbox is kept frozen (each resume starts a new one)",
     "cgroups": "no cgroups (hierarchy not writable): no whole-sandbox pid or memory cap; memory is "
     "bounded per process (RLIMIT_AS) and /dev/shm by its size only, not per sandbox",
     "network": "templates with network: host share the host's network and loopback (trusted "
@@ -25,8 +27,10 @@ GIVEN_UP = {
 }
 
 
-def isolation_report(config: Config, level: str, cgroup_mode: str) -> dict[str, Any]:
-    """The isolation in force, as a JSON object."""
+def isolation_report(config: Config, level: str, cgroup_mode: str, nproc_per_sandbox: bool,
+                     ) -> dict[str, Any]:
+    """The isolation in force, as a JSON object; `nproc_per_sandbox` as
+    `sandbox.nproc_counted_per_sandbox` found it."""
     sandboxed = level != "none"
     uids = sandboxed and os.geteuid() == 0
     cgroups = cgroup_mode if sandboxed and cgroup_mode != "none" else None
@@ -38,11 +42,13 @@ def isolation_report(config: Config, level: str, cgroup_mode: str) -> dict[str, 
         else f"RLIMIT_AS = memory_mb per process only; /dev/shm is at most memory_mb/{SHM_SHARE}"
     )
     given_up = [GIVEN_UP[k] for k, missing in (
-        ("sandbox", not sandboxed), ("uids", sandboxed and not uids), ("cgroups", sandboxed and not cgroups),
+        ("sandbox", not sandboxed), ("uids", sandboxed and not uids),
+        ("nproc", sandboxed and not nproc_per_sandbox), ("cgroups", sandboxed and not cgroups),
         ("network", bool(host_net))) if missing]  # fmt: skip
     return {
         "sandbox": level,
         "per_slot_uids": uids,
+        "nproc_per_sandbox": sandboxed and nproc_per_sandbox,
         "cgroups": cgroups,
         "memory": memory if sandboxed else "none",
         "network_host_templates": host_net,

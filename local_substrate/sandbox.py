@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -392,6 +393,55 @@ def level_works(level: str) -> bool:
         "unshare": ["unshare", "--mount", "--pid", "--fork", "--net", "--ipc", "--uts", "true"],
     }
     return bool(shutil.which(level)) and _probe(probes[level])
+
+
+#: Threads the probe below holds while it runs, so that this uid runs enough tasks to tell the
+#: two ways of counting RLIMIT_NPROC apart whatever else runs.
+NPROC_PROBE_THREADS = 8
+#: Forks once: exit 0 when the fork succeeds, 1 when the process limit refuses it.
+_FORK_ONCE = (
+    "import os, sys\ntry:\n    pid = os.fork()\nexcept OSError:\n    sys.exit(1)\n"
+    "if pid == 0:\n    os._exit(0)\nos.waitpid(pid, 0)"
+)
+
+
+def nproc_counted_per_sandbox(level: str) -> bool:
+    """Whether a sandbox's RLIMIT_NPROC (`max_pids`) counts only its own processes. As root each
+    slot has a uid of its own. As a normal user every bwrap sandbox runs as the fleet's uid, and
+    the limit counts all of that uid's processes together, unless the kernel counts it per user
+    namespace (Linux 5.14 on), each sandbox being one. Probed: a fork in a sandbox whose limit is
+    half of what this uid runs already succeeds only where the sandbox's own processes count."""
+    if level == "none":
+        return False
+    if os.geteuid() == 0:
+        return True
+    if level != "bwrap":
+        return False
+    done = threading.Event()
+    held = [threading.Thread(target=done.wait, daemon=True) for _ in range(NPROC_PROBE_THREADS)]
+    for t in held:
+        t.start()
+    try:
+        limit = _tasks_of(os.getuid()) // 2
+        return _probe(["bwrap", "--unshare-pid", "--unshare-net", "--ro-bind", "/", "/", "prlimit",
+                       f"--nproc={limit}", "--", sys.executable, "-I", "-S", "-c", _FORK_ONCE])
+    finally:
+        done.set()
+        for t in held:
+            t.join()
+
+
+def _tasks_of(uid: int) -> int:
+    """Threads of every process `uid` runs (what RLIMIT_NPROC counts)."""
+    count = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.stat(f"/proc/{name}").st_uid == uid:
+                    count += len(os.listdir(f"/proc/{name}/task"))
+            except OSError:
+                continue
+    return count
 
 
 def detect_level(requested: str) -> str:

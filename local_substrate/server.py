@@ -33,7 +33,7 @@ from local_substrate.control import Control
 from local_substrate.disk_guard import DiskGuard
 from local_substrate.isolation import isolation_report
 from local_substrate.layout import Layout
-from local_substrate.sandbox import compile_code, detect_level, write_etc
+from local_substrate.sandbox import compile_code, detect_level, nproc_counted_per_sandbox, write_etc
 from local_substrate.servicer import ControlServicer
 from local_substrate.slots import UidBlock, claim_uid_block
 
@@ -146,8 +146,9 @@ class LocalSubstrate:
         self._uids = uids = claim_uid_block(self.layout.root)
         slot_uids = list(range(uids.first, uids.first + self.config.local_substrate.slots + 1))
         write_etc(self.layout.sandbox_etc, slot_uids if os.geteuid() == 0 else [os.getuid()])
-        self.control = Control(self.config, self.layout, self.level, uids)
-        self.isolation = isolation_report(self.config, self.level, self.control.cgroups.mode)
+        nproc_own = await asyncio.to_thread(nproc_counted_per_sandbox, self.level)
+        self.control = Control(self.config, self.layout, self.level, uids, nproc_own)
+        self.isolation = isolation_report(self.config, self.level, self.control.cgroups.mode, nproc_own)
         self.control.recover()
         self._server = grpc.aio.server(interceptors=[TokenAuth(read_or_make_token(self.layout.token))])
         servicer = ControlServicer(self.control, self.control.faults)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 import shutil
 import tempfile
 import uuid
@@ -20,6 +21,14 @@ from local_substrate.server import LocalSubstrate
 
 ATESPACE = "default"
 TEMPLATE = "default-env-template"
+
+
+#: The template for `sandbox: none`: there a normal user's RLIMIT_NPROC (`max_pids`) counts every
+#: process of the uid, the rest of the suite's fleets and their frozen sandboxes included, so its
+#: limit must not depend on what else runs: this user's own hard limit (prlimit cannot raise it).
+_NPROC_HARD = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+UNSANDBOXED = {"name": TEMPLATE, "limits": {
+    "max_pids": 1 << 20 if _NPROC_HARD == resource.RLIM_INFINITY else min(1 << 20, _NPROC_HARD)}}
 
 
 def substrate_config(state_dir: Path, **local: Any) -> Config:

@@ -14,6 +14,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,16 @@ from common.embedded_redis import EmbeddedRedis
 from common.guest_client import ActorMismatch, GuestClient, GuestUnavailable
 from common.routing import LocalGuestRouter
 from common.substrate import Actor, ActorStatus, SubstrateClient, Unauthenticated
-from local_substrate.sandbox import ETC_ENTRIES, ETC_GENERATED, SandboxUnavailable, detect_level
+from local_substrate.sandbox import (
+    ETC_ENTRIES,
+    ETC_GENERATED,
+    SandboxUnavailable,
+    detect_level,
+    nproc_counted_per_sandbox,
+)
 from local_substrate.slots import UID_BLOCKS
 from tests.conftest import SANDBOX_LEVELS
-from tests.substrate.conftest import ATESPACE, Harness, Start, start_harness, substrate_config
+from tests.substrate.conftest import ATESPACE, UNSANDBOXED, Harness, Start, start_harness, substrate_config
 
 pytestmark = pytest.mark.non_root
 
@@ -113,8 +120,8 @@ async def test_ps_shows_only_its_own_processes(start_substrate: Start, level: st
 @pytest.mark.parametrize("level", LEVELS)
 async def test_fork_bomb_and_memory_hog_are_contained(start_substrate: Start, level: str) -> None:
     if not ROOT:
-        pytest.skip("as a normal user every sandbox shares the fleet's uid, so RLIMIT_NPROC counts the "
-                    "fleet's own processes too: the per-sandbox pid cap needs root (docs/security.md)")
+        pytest.skip("as a normal user every sandbox runs as the fleet's uid, and this test counts the bombed "
+                    "sandbox's processes by its uid (a uid per slot needs root)")
     h, a, b = await _two_actors(start_substrate, level)
     # given a memory hog: it fails inside the sandbox, the guest keeps serving
     out = await h.bash(a, "python3 -c 'x = bytearray(1 << 30)' 2>&1 | tail -1")
@@ -227,7 +234,7 @@ async def test_template_skills_are_mounted_read_only_at_the_environments_path(
 
 
 async def test_without_a_sandbox_guests_still_run_and_the_level_says_so(start_substrate: Start) -> None:
-    h = await start_substrate(slots=1, sandbox="none")
+    h = await start_substrate(slots=1, sandbox="none", templates=[UNSANDBOXED])
     assert h.server.level == "none"
     status = json.loads(h.server.layout.status.read_text())
     assert status["sandbox"] == "none" and status["slots"] == 1
@@ -380,6 +387,30 @@ async def test_status_states_the_isolation_in_force(start_substrate: Start, leve
     assert report["cgroups"] == (None if mode == "none" else mode)
     assert "/dev/shm" in report["memory"]
     assert any("per-slot uid" in line for line in report["gives_up"]) is not ROOT
+    assert report["nproc_per_sandbox"] is nproc_counted_per_sandbox(level)
+    shared_nproc = any("RLIMIT_NPROC counts" in line for line in report["gives_up"])
+    assert shared_nproc is not report["nproc_per_sandbox"]
+
+
+async def test_where_the_probe_says_so_a_sandboxs_process_limit_counts_only_its_own(
+        start_substrate: Start) -> None:
+    """What lets a normal user's fleet keep sandboxes frozen: with this uid running more tasks
+    than a sandbox's `max_pids`, a process in the sandbox can still fork."""
+    if not nproc_counted_per_sandbox("bwrap"):
+        pytest.skip("RLIMIT_NPROC counts this uid as a whole here (a kernel before 5.14, not root)")
+    h, a, _ = await _two_actors(start_substrate, "bwrap")
+    limit = LIMITED["limits"]["max_pids"]  # type: ignore[index]
+    done = threading.Event()
+    held = [threading.Thread(target=done.wait, daemon=True) for _ in range(limit + 8)]
+    for t in held:
+        t.start()
+    try:
+        out = await h.bash(a, "grep 'Max processes' /proc/self/limits; (echo forked) | cat")
+    finally:
+        done.set()
+        for t in held:
+            t.join()
+    assert out["stdout"].split()[2:4] == [str(limit), str(limit)] and out["stdout"].endswith("\nforked\n")
 
 
 @pytest.mark.parametrize("level", LEVELS)
