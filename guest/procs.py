@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import secrets
 import signal as _signal
 import time
 from dataclasses import asdict, dataclass
@@ -125,7 +124,7 @@ class ProcessManager:
 
     async def start(self, command: str, cwd: str, env: dict[str, str], job_id: str) -> ProcRecord:
         self.check_capacity()
-        process_id = "proc_" + secrets.token_hex(6)
+        process_id = "proc_" + os.urandom(6).hex()
         directory = os.path.join(self._dir, process_id)
         os.makedirs(directory)
         try:

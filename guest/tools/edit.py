@@ -7,7 +7,6 @@ restores it even across guest restarts. At most HISTORY_DEPTH steps are kept per
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +34,10 @@ class _Editor:
         self.args = args
         self.real = ctx.paths.resolve(args.get("path"), write=True)
         self.shown = ctx.paths.display(self.real)
+        # Imported at the first edit, not at every guest start: hashlib loads OpenSSL (see
+        # tests/guest/test_guest_imports.py).
+        import hashlib
+
         digest = hashlib.sha256(self.real.encode()).hexdigest()[:32]
         self.history = os.path.join(ctx.state_dir, "edits", digest)
 

@@ -7,7 +7,7 @@ use base64 for binary files.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import os
 import stat
 from typing import Any
@@ -100,7 +100,7 @@ def run(ctx: ToolContext, args: dict[str, Any]) -> Result:
 
 def _answer(data: bytes, encoding: str, shown: str, size: int, extra: dict[str, Any]) -> Result:
     if encoding == "base64":
-        content = base64.b64encode(data).decode("ascii")
+        content = binascii.b2a_base64(data, newline=False).decode("ascii")
         valid = True
     else:
         try:

@@ -1,11 +1,13 @@
-"""write_file: atomic write (temp file + rename) of UTF-8 or base64 content, parents created."""
+"""write_file: atomic write (temp file + rename) of UTF-8 or base64 content, parents created.
+
+binascii and os.urandom, not base64 and secrets: secrets imports hashlib, which loads OpenSSL
+into every guest at its start (tests/guest/test_guest_imports.py).
+"""
 
 from __future__ import annotations
 
-import base64
 import binascii
 import os
-import secrets
 import stat
 from typing import Any
 
@@ -32,7 +34,7 @@ def _content(args: dict[str, Any], encoding: str) -> bytes:
     if encoding == "utf8":
         return content.encode("utf-8", errors="surrogateescape")
     try:
-        return base64.b64decode(content, validate=True)
+        return binascii.a2b_base64(content, strict_mode=True)
     except (binascii.Error, ValueError):
         raise ToolError("'content' is not valid base64") from None
 
@@ -45,7 +47,7 @@ def write_atomic(real: str, data: bytes, mode: int | None) -> None:
             mode = stat.S_IMODE(os.lstat(real).st_mode)
         except FileNotFoundError:
             mode = DEFAULT_MODE
-    tmp = os.path.join(directory, f".{name}.{secrets.token_hex(4)}.tmp")
+    tmp = os.path.join(directory, f".{name}.{os.urandom(4).hex()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         view = memoryview(data)

@@ -63,15 +63,17 @@ async def test_invalid_utf8_is_flagged(guest: GuestProc, client: GuestClient) ->
     assert r["output"] == "ok\ufffd" and r["invalid_utf8"]
 
 
-async def test_errors_are_results(client: GuestClient) -> None:
+async def test_errors_are_results(guest: GuestProc, client: GuestClient) -> None:
     r = await call(client, "read_file", path="nope.txt")
     assert r["is_error"] and r["output"] == "Error: nope.txt: no such file or directory"
     r = await call(client, "read_file")
     assert r["is_error"] and "'path'" in r["error"]
     r = await call(client, "write_file", path="x.txt")
     assert r["is_error"] and "'content'" in r["error"]
-    r = await call(client, "write_file", path="x.txt", content="!!", encoding="base64")
-    assert r["is_error"] and "'content' is not valid base64" in r["error"]
+    for bad in ("!!", "aGk=\n", "aGk", "aé==", "aGk=aGk="):
+        r = await call(client, "write_file", path="x.txt", content=bad, encoding="base64")
+        assert r["is_error"] and "'content' is not valid base64" in r["error"], bad
+    assert not (guest.workspace / "x.txt").exists()
     r = await call(client, "read_file", path="x", encoding="latin1")
     assert r["is_error"] and "'encoding'" in r["error"]
     r = await call(client, "no_such_tool")
