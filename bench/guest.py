@@ -1,6 +1,7 @@
 """Guest benchmark: per-call latency of bash true / read_file 1 KiB / write_file 1 KiB against a
 real guest over its unix socket, next to the raw operation measured in the same run; the guest's
-CPU per call; plus the guest's RSS and its time from spawn to ready.
+CPU per call; plus the guest's RSS and its time from spawn to ready. The guest runs on the local
+Substrate's command line, without its sandbox.
 
 Calls go through a minimal keep-alive HTTP/1.1 client on the socket, so the figures are the
 guest's cost (HTTP parse, routing, journal, tool) rather than the client library's. The worker's
@@ -28,6 +29,7 @@ import os  # noqa: E402
 import socket  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
+import sysconfig  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
@@ -37,6 +39,8 @@ import uvloop  # noqa: E402
 
 from common.guest_client import GuestClient  # noqa: E402
 from common.guest_protocol import ACTOR_HEADER, GuestAddress  # noqa: E402
+from local_substrate.guests import GUEST_BOOT, PYTHON_FLAGS  # noqa: E402
+from local_substrate.sandbox import python_executable  # noqa: E402
 
 ACTOR = "s-bench-0123456789abcde"
 #: Untimed calls before each timed block (imports, caches, first journal writes).
@@ -101,10 +105,15 @@ def timed(fn: Callable[[int], Any], n: int) -> list[float]:
 
 def start_guest(tmp: Path, tag: str) -> tuple[subprocess.Popen[bytes], float]:
     sock = str(tmp / f"{tag}.sock")
+    # The local Substrate's command line (isolated interpreter, no site, ssl kept out), without
+    # the sandbox: what every cold resume starts, so its RSS is what each running or frozen
+    # sandbox's guest holds.
+    boot = GUEST_BOOT.format(path=[str(REPO), sysconfig.get_path("purelib")])
     cmd = [
-        sys.executable,
-        "-m",
-        "guest",
+        python_executable(),
+        *PYTHON_FLAGS,
+        "-c",
+        boot,
         "--uds",
         sock,
         "--workspace",

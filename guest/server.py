@@ -23,7 +23,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, cast
-from urllib.parse import parse_qsl
 
 import httptools
 
@@ -37,6 +36,14 @@ MAX_HEAD_BYTES = 64 << 10
 
 #: The error code of each refusal the server itself answers (the connection is closed after it).
 _REFUSAL_CODES = {400: "bad_request", 413: "body_too_large"}
+
+
+def _query(query: str) -> dict[str, str]:
+    """A query string's parameters. urllib.parse is imported at the first request that has one
+    (an execution's poll), not at every guest start: every cold resume pays for what it imports."""
+    from urllib.parse import parse_qsl
+
+    return dict(parse_qsl(query))
 
 
 @dataclass
@@ -165,7 +172,7 @@ class _Connection(asyncio.Protocol):
         request = Request(
             self._parser.get_method().decode("latin-1"),
             path,
-            dict(parse_qsl(query)) if query else {},
+            _query(query) if query else {},
             self._headers,
             b"".join(self._body),
         )

@@ -16,6 +16,8 @@ from local_substrate.sandbox import python_executable
 #: Modules that load OpenSSL's libraries into the process, or import one that does. (`ssl`
 #: itself shows as tried: GUEST_BOOT makes it unimportable, so asyncio goes on without it.)
 OPENSSL = {"_ssl", "hashlib", "_hashlib", "hmac", "secrets"}
+#: Imported where first needed instead: the first query string (an execution's poll).
+LATER = {"urllib.parse"}
 
 
 def started_modules() -> set[str]:
@@ -32,7 +34,8 @@ def started_modules() -> set[str]:
     return {line.rsplit("|", 1)[1].strip() for line in lines if line.startswith("import time:")}
 
 
-def test_a_guest_start_loads_no_openssl() -> None:
+def test_a_guest_start_loads_no_openssl_and_defers_the_query_parser() -> None:
     modules = started_modules()
     assert "guest.tools.write_file" in modules and "guest.server" in modules
     assert not modules & OPENSSL, sorted(modules & OPENSSL)
+    assert not modules & LATER, sorted(modules & LATER)
