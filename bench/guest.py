@@ -138,6 +138,13 @@ def rss_mb(pid: int) -> tuple[float, float]:
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
+def uss_mb(pid: int) -> float:
+    """Memory only this process holds (private pages): what one more guest costs the host, where
+    RSS also counts the interpreter's and libraries' pages that every guest shares."""
+    fields = dict(ln.split(":", 1) for ln in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:])
+    return sum(int(fields[k].split()[0]) for k in ("Private_Clean", "Private_Dirty")) / 1024
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=400)
@@ -238,6 +245,7 @@ def main() -> None:
         f"   client CPU {client_cpu_read_uv:.3f} ms/call"
     )
     rss, hwm = rss_mb(proc.pid)
+    uss = uss_mb(proc.pid)
     proc.terminate()
     proc.wait()
     ready_ms = statistics.median(ready)
@@ -246,7 +254,8 @@ def main() -> None:
         f"read {results['read_1k'][0] - results['raw_read_1k'][0]:.3f} ms, "
         f"write {results['write_1k'][0] - results['raw_write_1k'][0]:.3f} ms"
     )
-    print(f"guest RSS {rss:.1f} MB (peak {hwm:.1f} MB); ready in {ready_ms:.0f} ms (median of 5 starts)")
+    print(f"guest RSS {rss:.1f} MB (peak {hwm:.1f} MB, its own {uss:.1f} MB); "
+          f"ready in {ready_ms:.0f} ms (median of 5 starts)")
     figures = {
         "bash_true_p50_ms": results["bash_true"][0],
         "bash_true_p99_ms": results["bash_true"][1],
@@ -268,6 +277,7 @@ def main() -> None:
         "client_cpu_read_uvloop_ms": client_cpu_read_uv,
         "guest_rss_mb": rss,
         "guest_peak_rss_mb": hwm,
+        "guest_uss_mb": round(uss, 2),
         "guest_ready_ms": ready_ms,
     }
     print(json.dumps({k: round(v, 3) for k, v in figures.items()}))
