@@ -59,9 +59,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _use_pidfd_watcher() -> None:
-    """Watch children with pidfds where the kernel has them: the default watcher starts a thread
-    per child, a measurable part of a `bash true` call."""
-    if hasattr(os, "pidfd_open"):
+    """On Python 3.11, have asyncio watch its children (background processes) with pidfds where
+    the kernel has them: its default watcher starts a thread per child. From 3.12 asyncio does so
+    itself (and 3.14 has no watcher to set); foreground commands use `spawn.watch_exit`."""
+    if sys.version_info < (3, 12) and hasattr(os, "pidfd_open"):
         try:
             os.close(os.pidfd_open(os.getpid()))
         except OSError:

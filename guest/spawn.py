@@ -12,6 +12,7 @@ import functools
 import os
 import signal as _signal
 import subprocess
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -93,7 +94,7 @@ class ShellProcess:
     """A foreground `sh -c` in a new session, driven by plain event-loop callbacks.
 
     Its pipes are non-blocking fds read by reader callbacks straight into the sinks, stdin is
-    fed by a writer callback, and the exit comes from the loop's child watcher. Unlike
+    fed by a writer callback, and the exit comes from a pidfd the loop watches. Unlike
     asyncio.subprocess (a transport and protocol per pipe, a task per stream reader) this costs
     no task and little bookkeeping: that machinery was most of the guest's own time on a
     `bash true` call.
@@ -149,10 +150,9 @@ class ShellProcess:
             os.set_blocking(fd, False)
             self._readers.add(fd)
             self._loop.add_reader(fd, self._readable, fd, sink)
-        with asyncio.get_child_watcher() as watcher:
-            watcher.add_child_handler(self.pid, self._exited)
+        watch_exit(self.pid, self._exited)
 
-    def _exited(self, pid: int, returncode: int) -> None:
+    def _exited(self, returncode: int) -> None:
         self.returncode = returncode
         # Popen must know: one it thinks unreaped would be waited for again on collection.
         self._popen.returncode = returncode
@@ -282,6 +282,35 @@ def parse_signal(value: object, default: int = _signal.SIGTERM) -> int:
     if sig not in {int(s) for s in _signal.Signals}:
         raise ValueError(f"unknown signal {value!r}")
     return sig
+
+
+def watch_exit(pid: int, on_exit: Callable[[int], None]) -> None:
+    """Reap the child `pid` once it exits and call `on_exit` with its returncode (-N: killed by
+    signal N), in the running loop. The loop watches a pidfd where the kernel has them (Linux 5.3
+    on); elsewhere a thread waits for the child. asyncio's child watchers, which did this, are
+    deprecated since Python 3.12 and gone in 3.14."""
+    loop = asyncio.get_running_loop()
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        waiter = threading.Thread(target=lambda: loop.call_soon_threadsafe(on_exit, _reap(pid)), daemon=True)
+        waiter.start()
+        return
+
+    def exited() -> None:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+        on_exit(_reap(pid))
+
+    loop.add_reader(pidfd, exited)
+
+
+def _reap(pid: int) -> int:
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:
+        return 255  # reaped by someone else: its status is lost (asyncio answers the same)
+    return os.waitstatus_to_exitcode(status)
 
 
 def exit_status(returncode: int) -> tuple[int, int | None]:

@@ -30,6 +30,8 @@ class GuestProc:
     max_processes: int = 16
     #: The actor its launcher names (`--actor`); None: bound by the first request.
     actor: str | None = None
+    #: Interpreter options before `-m guest` (`-W error::DeprecationWarning`, say).
+    python_flags: tuple[str, ...] = ()
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -47,6 +49,7 @@ class GuestProc:
     async def start(self) -> None:
         cmd = [
             sys.executable,
+            *self.python_flags,
             "-m",
             "guest",
             "--uds",
