@@ -26,6 +26,7 @@ import argparse  # noqa: E402
 import asyncio  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import shutil  # noqa: E402
 import socket  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -150,6 +151,13 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=400)
     n = parser.parse_args().n
     tmp = Path(tempfile.mkdtemp(prefix="guest-bench-"))
+    try:
+        bench(n, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def bench(n: int, tmp: Path) -> None:
     (tmp / "ws").mkdir()
     ready = []
     for i in range(5):

@@ -32,6 +32,7 @@ import asyncio  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
 import random  # noqa: E402
+import shutil  # noqa: E402
 import socket  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
@@ -181,6 +182,7 @@ def pages_bench(args: argparse.Namespace) -> dict[str, float]:
             thread.join(10)
     finally:
         server_redis.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
     worst = max(v for k, v in figures.items() if k.endswith("_max_ms"))
     print(f"slowest page: {worst:.1f} ms (target <= {TARGET_PAGE_MS:.0f} ms: "
           f"{'ok' if worst <= TARGET_PAGE_MS else 'OVER'})")
