@@ -71,6 +71,10 @@ DROPPED_FILES_KEY = "atefleet-dropped-files"
 SNAPSHOT_BYTES_KEY = "atefleet-snapshot-bytes"
 #: Characters of paths that report carries at most (gRPC metadata is small).
 DROPPED_REPORT_CHARS = 4000
+#: Request metadata of a SuspendActor that is the fleet's own park (pressure, idle, after an
+#: `auto_resume` call): a local Substrate may then keep the sandbox frozen without writing a
+#: snapshot until one is needed. Any other suspend writes one. A cluster ignores it.
+PARK_KEY = "atefleet-park"
 
 
 class SubstrateError(Exception):
@@ -374,21 +378,21 @@ class SubstrateClient:
             await asyncio.wait(set(self._inflight), timeout=grace_s or self._lifecycle_deadline_s)
         await self._channel.close()
 
-    def _metadata(self) -> tuple[tuple[str, str], ...]:
+    def _metadata(self, extra: tuple[tuple[str, str], ...] = ()) -> tuple[tuple[str, str], ...]:
         if not self._token_file:
-            return ()
-        return (("authorization", f"Bearer {_read_token(self._token_file)}"),)
+            return extra
+        return (("authorization", f"Bearer {_read_token(self._token_file)}"), *extra)
 
     async def _call(
         self, rpc: str, request: Any, deadline_s: float, trailers: dict[str, str] | None = None,
-        stub: Any = None,
+        stub: Any = None, metadata: tuple[tuple[str, str], ...] = (),
     ) -> Any:
         """One RPC (of `Control`, unless `stub` says) with retries on ABORTED/UNAVAILABLE; failures
         become SubstrateErrors. `trailers` receives the answer's trailing metadata."""
         method: Callable[..., Any] = getattr(stub or self._stub, rpc)
         for attempt in range(self._retry_attempts):
             try:
-                call = method(request, timeout=deadline_s, metadata=self._metadata())
+                call = method(request, timeout=deadline_s, metadata=self._metadata(metadata))
                 response = await call
                 if trailers is not None:
                     received = await call.trailing_metadata() or ()
@@ -400,9 +404,14 @@ class SubstrateClient:
             await asyncio.sleep(_backoff_s(attempt))
         raise AssertionError("unreachable: the last attempt raises")
 
-    async def _lifecycle(self, rpc: str, request: Any, trailers: dict[str, str] | None = None) -> Any:
+    async def _lifecycle(
+        self, rpc: str, request: Any, trailers: dict[str, str] | None = None,
+        metadata: tuple[tuple[str, str], ...] = (),
+    ) -> Any:
         """A resume/suspend/pause: long deadline, shielded from the caller's cancellation."""
-        task = asyncio.create_task(self._call(rpc, request, self._lifecycle_deadline_s, trailers))
+        task = asyncio.create_task(
+            self._call(rpc, request, self._lifecycle_deadline_s, trailers, metadata=metadata)
+        )
         self._inflight.add(task)
         task.add_done_callback(self._lifecycle_done)
         return await asyncio.shield(task)
@@ -471,12 +480,14 @@ class SubstrateClient:
         )
         return _actor_from_pb(atespace, name, resp.actor)
 
-    async def suspend_actor(self, atespace: str, name: str) -> Actor:
-        """Snapshot and stop the actor (a no-op when SUSPENDED; retries a failed suspend).
-        SnapshotFailed: the snapshot was refused or failed, the actor is back at its last one."""
+    async def suspend_actor(self, atespace: str, name: str, park: bool = False) -> Actor:
+        """Snapshot and stop the actor (a no-op when SUSPENDED; retries a failed suspend); `park`
+        says it is the fleet's own (PARK_KEY). SnapshotFailed: the snapshot was refused or failed,
+        the actor is back at its last one."""
         trailers: dict[str, str] = {}
         request = pb.SuspendActorRequest(actor_ref=_ref(atespace, name))
-        resp = await self._lifecycle("SuspendActor", request, trailers)
+        metadata = ((PARK_KEY, "1"),) if park else ()
+        resp = await self._lifecycle("SuspendActor", request, trailers, metadata)
         return replace(_actor_from_pb(atespace, name, resp.actor), **_suspend_report(trailers))
 
     async def pause_actor(self, atespace: str, name: str) -> Actor:

@@ -19,6 +19,15 @@ guest dies on its own (or with a killed slot, or with the server), its actor fal
 SUSPENDED at its last snapshot — work since then is lost — as upstream does when a worker pod dies.
 So does an actor the disk guard stops (over its template's limits while the disk is low,
 `disk_guard`); its next resume is refused once, saying so.
+
+Held files: the fleet's own park (a SuspendActor with PARK_KEY) of a sandbox that is kept frozen
+writes no snapshot when one would keep the tree exactly; the slot's dirs hold the actor's latest
+files (`ActorRecord.held`, persisted) for as long as the actor stays there, frozen or running on
+after a resume. They are written as its snapshot (`_keep_held`) before anything else can end that
+sandbox or hand its slot out: an eviction, a client's suspend (also of an actor already
+suspended), a guest that dies, a restart of this server. So the fallback above is to those
+files, never to a snapshot older than the actor's last suspend. Only a delete and the disk guard
+(which stops an actor over its limits, at its last snapshot) drop them.
 """
 
 from __future__ import annotations
@@ -51,7 +60,7 @@ from local_substrate.golden import GoldenSnapshots
 from local_substrate.guests import sandbox_spec, start_guest
 from local_substrate.layout import Layout
 from local_substrate.slots import Slot, SlotPool, UidBlock
-from local_substrate.snapshots import HOST_ERRNOS, SnapshotLimits, SnapshotStore, restore_snapshot
+from local_substrate.snapshots import HOST_ERRNOS, SnapshotLimits, SnapshotStore, measure, restore_snapshot
 from local_substrate.store import ActorRecord, Status, Store
 from local_substrate.trees import MODES_CHANGED
 
@@ -119,6 +128,9 @@ class Control:
         #: Slots whose suspend is stopping their sandbox; notified as each is done (_running_place).
         self._stilling: set[str] = set()
         self._places = asyncio.Condition()
+        #: Actors whose held files are being written (_keep_held); notified as each is done.
+        self._keeping: set[str] = set()
+        self._kept = asyncio.Condition()
         self.faults = Faults(config.local_substrate.faults)
         self._ops: set[asyncio.Task[Any]] = set()
 
@@ -130,9 +142,14 @@ class Control:
         PAUSING ones keep their slot, whose dirs still hold the workspace (a suspend retries)."""
         for rec in self.store.all():
             slot = self.slots.get(rec.slot) if rec.slot else None
+            home = self.slots.get(rec.held) if rec.held else None
+            if home is not None and rec.status is not Status.SUSPENDING and rec.status is not Status.PAUSING:
+                # Its sandbox died with the old server, not its files: they are written at once.
+                home.actor, home.holding = rec.name, True
+                self._spawn(self._keep_or_hold(rec, home))
             if rec.status is Status.RUNNING:
-                log.warning("actor %s/%s was running when the server stopped: back to its last snapshot",
-                            rec.atespace, rec.name)  # fmt: skip
+                log.warning("actor %s/%s was running when the server stopped: back to its %s", rec.atespace,
+                            rec.name, "files held in its slot" if home else "last snapshot")  # fmt: skip
                 self.store.update(rec.evolve(status=Status.SUSPENDED, slot="", run_id=""))
             elif rec.status in (Status.SUSPENDING, Status.PAUSING) and slot is not None:
                 slot.actor = rec.name
@@ -165,6 +182,8 @@ class Control:
             await self.suspend(rec.atespace, rec.name)
         else:
             await self._stop_process(slot)
+            if suspend_running and rec is not None and rec.held == slot.name:
+                await self._keep_or_hold(rec, slot)
 
     # -- atespaces --------------------------------------------------------------------------------
 
@@ -225,7 +244,7 @@ class Control:
             raise precondition(f"actor {atespace}/{name} is not suspended (status: STATUS_{rec.status.name})")
         if not self.store.delete(rec):
             raise ControlError("ABORTED", "concurrent update conflict")
-        home = self.slots.frozen_of(name)
+        home = self.slots.frozen_of(name) or self._holding(rec)
         if home is not None:
             self._spawn(self._evict(home))
         self.snapshots.delete_actor(rec.uid)
@@ -274,11 +293,13 @@ class Control:
             return rec
         return await self._exclusive(name, lambda: self._resume(atespace, name, boot))
 
-    async def suspend(self, atespace: str, name: str) -> ActorRecord:
+    async def suspend(self, atespace: str, name: str, park: bool = False) -> ActorRecord:
+        """Suspend; `park` (the fleet's own park, PARK_KEY) lets a sandbox kept frozen hold its files
+        without a snapshot. Any other suspend writes one, also of files a park left held."""
         rec = self.get_actor(atespace, name)
-        if rec.status is Status.SUSPENDED:
+        if rec.status is Status.SUSPENDED and (park or not rec.held):
             return rec
-        return await self._exclusive(name, lambda: self._suspend(atespace, name, Status.SUSPENDED))
+        return await self._exclusive(name, lambda: self._suspend(atespace, name, Status.SUSPENDED, park))
 
     async def pause(self, atespace: str, name: str) -> ActorRecord:
         rec = self.get_actor(atespace, name)
@@ -310,7 +331,7 @@ class Control:
             return False
         # Recorded before the kill: a worker that sees its guest go asks at once, and must find
         # the actor suspended (its resume waits for this lock, then is refused with `breach`).
-        self.store.update(rec.evolve(status=Status.SUSPENDED, slot="", run_id="", breach=breach))
+        self.store.update(rec.evolve(status=Status.SUSPENDED, slot="", run_id="", breach=breach, held=""))
         await self._stop_process(slot, kill=True)
         log.warning("disk guard: stopped %s/%s in %s, back at its last snapshot: %s", rec.atespace, rec.name,
                     slot.name, breach)  # fmt: skip
@@ -393,6 +414,9 @@ class Control:
             thawed = await self._thaw(rec, home)
             if thawed is not None:
                 return thawed
+            rec = self.get_actor(atespace, name)  # its held files were written as it was killed
+        if rec.held:  # its sandbox is gone, its files are not (another slot's resume restores them)
+            rec = await self._keep_held(rec)
         slot = await self._claim(name)
         if slot is None:
             raise precondition(NO_FREE_WORKERS)
@@ -424,9 +448,10 @@ class Control:
         """Resume the actor by continuing its frozen sandbox in `slot`; None when that sandbox is
         not its latest state (then it is killed, and the resume restores the snapshot)."""
         process = slot.process
+        latest = rec.held == slot.name if rec.held else slot.snapshot == rec.snapshot
         if (
             rec.status is not Status.SUSPENDED
-            or slot.snapshot != rec.snapshot
+            or not latest
             or process is None
             or process.proc.returncode is not None
         ):
@@ -445,8 +470,11 @@ class Control:
             await asyncio.to_thread(frozen.thaw, process.pid)
         except BaseException:
             await self._stop_process(slot, kill=True)
-            self.slots.release(slot)
-            self.store.update(rec.evolve(slot=""))  # stays RESUMING, as a resume that failed midway
+            rec = self.store.update(rec.evolve(slot=""))  # stays RESUMING, as a resume that failed midway
+            if rec.held:
+                await self._keep_or_hold(rec, slot)
+            if not slot.holding:
+                self.slots.release(slot)
             raise
         rec = self.store.update(rec.evolve(status=Status.RUNNING))
         if slot.watcher is not None:
@@ -462,9 +490,15 @@ class Control:
                 await self._evict(slot, delete_files=True)
 
     async def _evict(self, slot: Slot, delete_files: bool = False) -> None:
-        """Kill a frozen sandbox (its actor's snapshot is written) and empty its slot."""
+        """Kill a frozen sandbox and empty its slot, once its actor's files are in a snapshot
+        (written at its suspend, or now if that left them held)."""
         slot.stopping = True  # from now on no resume continues it, nor picks it again
         await self._stop_process(slot, kill=True)
+        rec = self._holder(slot)
+        if rec is not None:
+            await self._keep_or_hold(rec, slot)
+            if slot.holding:
+                return
         if delete_files:  # while the slot is still held: no resume restores into it meanwhile
             try:
                 await asyncio.to_thread(slot.dirs.reset)
@@ -498,7 +532,7 @@ class Control:
         if slot is not None and slot.actor == rec.name:
             await self._stop_process(slot)
             self.slots.release(slot)
-        return self.store.update(rec.evolve(slot="", run_id=""))
+        return self.store.update(rec.evolve(slot="", run_id="", held=""))
 
     def _release_leftover(self, rec: ActorRecord) -> None:
         slot = self.slots.get(rec.slot) if rec.slot else None
@@ -522,10 +556,10 @@ class Control:
         if source is not None:
             restore_snapshot(source, slot.dirs.snapshot_sources(), slot.uid, slot.uid)
 
-    async def _suspend(self, atespace: str, name: str, target: Status) -> ActorRecord:
+    async def _suspend(self, atespace: str, name: str, target: Status, park: bool = False) -> ActorRecord:
         rec = self.get_actor(atespace, name)
         if rec.status is target:
-            return rec
+            return await self._keep_held(rec) if rec.held and not park else rec
         if rec.status is Status.RESUMING and self.faults.upstream_transit:
             raise invalid('invalid snapshot URI prefix ""')  # upstream: only a resume gets it out
         slot = self.slots.get(rec.slot) if rec.slot else None
@@ -535,7 +569,7 @@ class Control:
             or rec.status in (Status.SUSPENDED, Status.PAUSED, Status.RESUMING)
         ):
             # Nothing runs (a paused actor, or a resume that failed midway): no new snapshot.
-            if slot is not None and slot.actor == name:
+            if slot is not None and slot.actor == name and slot.name != rec.held:
                 await self._stop_process(slot)
                 self.slots.release(slot)
             return self.store.update(rec.evolve(status=target, slot="", run_id=""))
@@ -560,7 +594,7 @@ class Control:
         limits = SnapshotLimits.of(self.template(rec).limits)
         try:
             sources = slot.dirs.snapshot_sources()
-            dropped, changed = await asyncio.to_thread(self._write_snapshot, path, sources, limits)
+            dropped, changed = await asyncio.to_thread(self._checkpoint, path, sources, limits, kept and park)
         except Exception as err:
             if kept:
                 await self._stop_process(slot, kill=True)
@@ -568,13 +602,17 @@ class Control:
                 raise  # stays SUSPENDING in its slot, files and all: the next suspend or resume retries
             # Whatever the tenant's tree did, never left SUSPENDING holding a slot: back to the
             # last snapshot, as after a pod death.
-            self.store.update(rec.evolve(status=target, slot="", run_id=""))
+            self.store.update(rec.evolve(status=target, slot="", run_id="", held=""))
             self.slots.release(slot)
             log.warning("snapshot of %s/%s failed: %s", atespace, name, err)
             raise snapshot_failed(f"{atespace}/{name}", err) from err
-        rec = self.store.update(
-            rec.evolve(status=target, slot="", run_id="", snapshot=str(path), dropped=tuple(dropped))
-        )
+        if dropped is None:  # a park: the frozen sandbox holds the files, a snapshot waits until needed
+            rec = self.store.update(rec.evolve(status=target, slot="", run_id="", held=slot.name, dropped=()))
+            self.slots.freeze(slot, run_id, rec.snapshot)
+            return rec
+        rec = self.store.update(rec.evolve(
+            status=target, slot="", run_id="", snapshot=str(path), dropped=tuple(dropped), held=""
+        ))  # fmt: skip
         self.snapshots.prune(rec.uid, keep=rec.snapshot)
         if kept and not dropped and not changed:
             self.slots.freeze(slot, run_id, str(path))
@@ -584,17 +622,107 @@ class Control:
         self.slots.release(slot)
         return rec
 
-    def _write_snapshot(
-        self, path: Path, sources: dict[str, Path], limits: SnapshotLimits
-    ) -> tuple[list[str], bool]:
+    def _checkpoint(
+        self, path: Path, sources: dict[str, Path], limits: SnapshotLimits, defer: bool = False
+    ) -> tuple[list[str] | None, bool]:
         """Write the snapshot: the special files it dropped, and whether it changed a mode in the
-        tree (a normal user's fleet gives itself read access to what the tenant made unreadable)."""
+        tree (a normal user's fleet gives itself read access to what the tenant made unreadable).
+        With `defer` (a park keeping the sandbox frozen), only measure the tree, and write nothing
+        (None) when a snapshot would keep it exactly: within the limits (SnapshotRefused as a write
+        would), nothing left out, no mode to change. Nothing changes a frozen tree, so a snapshot
+        written later from it is the same one (_keep_held)."""
         changed: list[str] = []
         token = MODES_CHANGED.set(changed)
         try:
+            if defer and measure(sources, limits).exact and not changed:
+                return None, False
             return self.snapshots.write(path, sources, limits), bool(changed)
         finally:
             MODES_CHANGED.reset(token)
+
+    def _holder(self, slot: Slot) -> ActorRecord | None:
+        """The actor whose held files are in `slot`, if any."""
+        rec = self.store.find_name(slot.actor) if slot.actor else None
+        return rec if rec is not None and rec.held == slot.name else None
+
+    def _holding(self, rec: ActorRecord) -> Slot | None:
+        """The slot keeping `rec`'s held files after its sandbox is gone (Slot.holding), if any."""
+        slot = self.slots.get(rec.held) if rec.held else None
+        return slot if slot is not None and slot.holding and slot.actor == rec.name else None
+
+    async def _keep_held(self, rec: ActorRecord) -> ActorRecord:
+        """Write the files `rec` holds in a slot (ActorRecord.held) as its snapshot, every process
+        there stopped (frozen or gone); the record as it is then. Files a snapshot cannot keep (a
+        tree over the template's limits) are lost: the actor is back at its last snapshot, and its
+        next resume says so (`breach`). A host error is raised and the files stay held: the next
+        resume or suspend tries again. One write per actor at a time (eviction, a dead guest's
+        watcher and a resume may ask together): a later one finds the files written."""
+        name = rec.name
+        async with self._kept:
+            await self._kept.wait_for(lambda: name not in self._keeping)
+            self._keeping.add(name)
+        try:
+            return await self._write_held(name)
+        finally:
+            self._keeping.discard(name)
+            async with self._kept:
+                self._kept.notify_all()
+
+    async def _write_held(self, name: str) -> ActorRecord:
+        rec = self.store.find_name(name)
+        if rec is None:
+            raise not_found(f"actor {name}")
+        slot = self.slots.get(rec.held) if rec.held else None
+        if slot is None:
+            return rec  # written meanwhile
+        path = self.snapshots.new_path(rec.uid)
+        limits = SnapshotLimits.of(self.template(rec).limits)
+        try:
+            sources = slot.dirs.snapshot_sources()
+            dropped, changed = await asyncio.to_thread(self._checkpoint, path, sources, limits)
+        except Exception as err:
+            if isinstance(err, OSError) and err.errno in HOST_ERRNOS:
+                raise
+            log.warning("the files %s/%s held in %s could not be written: %s", rec.atespace, name,
+                        slot.name, err)  # fmt: skip
+            current = self.store.find_name(name)
+            if current is None:
+                raise not_found(f"actor {name}") from err
+            if current.held != slot.name:
+                return current
+            lost = f"its files since its last snapshot could not be kept: {err}"
+            return self._release_held(slot, self.store.update(current.evolve(held="", breach=lost)))
+        current = self.store.find_name(name)
+        if current is None or current.uid != rec.uid:  # deleted while it was written
+            self.snapshots.delete_actor(rec.uid)
+            raise not_found(f"actor {name}")
+        if current.held != slot.name:
+            self.snapshots.prune(current.uid, keep=current.snapshot)
+            return current
+        current = self.store.update(current.evolve(snapshot=str(path), dropped=tuple(dropped or ()), held=""))
+        self.snapshots.prune(current.uid, keep=current.snapshot)
+        if slot.frozen and not slot.stopping:
+            slot.snapshot = current.snapshot  # the sandbox is still the actor's latest state
+            if dropped or changed:  # unless the snapshot kept less than it holds
+                self._spawn(self._evict(slot))
+        return self._release_held(slot, current)
+
+    def _release_held(self, slot: Slot, rec: ActorRecord) -> ActorRecord:
+        if slot.holding:  # kept only for these files
+            self.slots.release(slot)
+        return rec
+
+    async def _keep_or_hold(self, rec: ActorRecord, slot: Slot) -> None:
+        """_keep_held for a slot whose sandbox is gone, or going: on a host error the slot keeps the
+        files (Slot.holding) and is handed out again only once they are written."""
+        try:
+            await self._keep_held(rec)
+        except ControlError:
+            pass  # deleted meanwhile: nothing to keep
+        except OSError as err:
+            log.error("slot %s: the files %s/%s held there could not be written (%s); the slot keeps "
+                      "them until they are", slot.name, rec.atespace, rec.name, err)  # fmt: skip
+            slot.frozen, slot.holding = False, True
 
     async def _stop_process(self, slot: Slot, kill: bool = False) -> None:
         """Stop the slot's sandbox: SIGTERM and `stop_grace_s`, or at once with `kill`."""
@@ -616,11 +744,17 @@ class Control:
         rc = await process.proc.wait()
         if slot.stopping:
             return
-        log.warning("guest of %s/%s in %s exited (%s): actor falls back to its last snapshot",
-                    rec.atespace, rec.name, slot.name, rc)  # fmt: skip
+        holder = self._holder(slot)
+        if holder is not None:
+            slot.stopping = True  # no resume continues it, nor evicts it, while its files are written
+        log.warning("guest of %s/%s in %s exited (%s): actor falls back to its %s", rec.atespace, rec.name,
+                    slot.name, rc, "files held there" if holder else "last snapshot")  # fmt: skip
         await process.reap()
         current = self.store.get(rec.atespace, rec.name)
         if current is not None and current.run_id == rec.run_id and current.status is Status.RUNNING:
             self.store.update(current.evolve(status=Status.SUSPENDED, slot="", run_id=""))
+        if holder is not None:
+            await self._keep_or_hold(holder, slot)
         slot.watcher = None
-        self.slots.release(slot)
+        if not slot.holding:
+            self.slots.release(slot)

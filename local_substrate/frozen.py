@@ -8,9 +8,11 @@ is stopped too, and no other sandbox sees its pids), and a later resume of the s
 continues them. A stopped sandbox uses no CPU and holds no slot; it holds its memory and its
 home (dirs and uid).
 
-The snapshot is still written at every suspend, while the tree is stopped (so nothing writes
+A client's suspend still writes the snapshot, while the tree is stopped (so nothing writes
 during it): it stays the durable copy, restored by a resume that finds no frozen sandbox (one
-evicted to make room, killed by the host, or lost with a server restart).
+evicted to make room, killed by the host, or lost with a server restart). The fleet's own parks
+write none: the frozen sandbox's slot holds the files until one is needed, and every way that
+sandbox ends writes them first (control.py, "Held files").
 """
 
 from __future__ import annotations

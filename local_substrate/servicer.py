@@ -13,7 +13,7 @@ import grpc.aio
 
 from common.ateapi import ateapi_pb2 as pb
 from common.ateapi import ateapi_pb2_grpc as pb_grpc
-from common.substrate import DROPPED_FILES_KEY, SNAPSHOT_BYTES_KEY, encode_dropped
+from common.substrate import DROPPED_FILES_KEY, PARK_KEY, SNAPSHOT_BYTES_KEY, encode_dropped
 from local_substrate.control import Control
 from local_substrate.errors import VERSION_CONFLICT, ControlError
 from local_substrate.faults import Faults
@@ -113,8 +113,10 @@ class ControlServicer(pb_grpc.ControlServicer):
     async def SuspendActor(self, request: Any, context: Any) -> Any:
         async def call() -> Any:
             ref = request.actor_ref
-            rec = await self._c.suspend(ref.atespace, ref.name)
-            size = _file_size(rec.snapshot)
+            park = any(key == PARK_KEY for key, _ in context.invocation_metadata() or ())
+            rec = await self._c.suspend(ref.atespace, ref.name, park=park)
+            # A park that left the files held wrote no snapshot: no size to report.
+            size = None if rec.held else _file_size(rec.snapshot)
             report = [] if size is None else [(SNAPSHOT_BYTES_KEY, str(size))]
             if rec.dropped:
                 report.append((DROPPED_FILES_KEY, encode_dropped(rec.dropped)))

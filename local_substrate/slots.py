@@ -157,11 +157,15 @@ class Slot:
     frozen: bool = False
     run_id: str = ""
     snapshot: str = ""
+    #: True when the sandbox is gone but the dirs still hold files of its actor newer than its
+    #: snapshot (`ActorRecord.held`) that could not be written yet (a host error): the slot is
+    #: kept, and neither runs nor is handed out, until they are.
+    holding: bool = False
     last_used: int = 0
 
     @property
     def running(self) -> bool:
-        return bool(self.actor) and not self.frozen and not self.stilled
+        return bool(self.actor) and not self.frozen and not self.stilled and not self.holding
 
     @property
     def uid(self) -> int:
@@ -214,7 +218,7 @@ class SlotPool:
     def release(self, slot: Slot) -> None:
         self._clock += 1
         slot.actor, slot.process, slot.watcher, slot.stopping, slot.stilled = "", None, None, False, False
-        slot.frozen, slot.run_id, slot.snapshot = False, "", ""
+        slot.frozen, slot.run_id, slot.snapshot, slot.holding = False, "", "", False
         slot.last_used = self._clock
 
     @property

@@ -147,10 +147,18 @@ class _Tally:
 
 @dataclass(frozen=True)
 class Usage:
-    """What a snapshot of a tree would hold: data bytes, and files+dirs+links."""
+    """What a snapshot of a tree would hold: data bytes, and files+dirs+links; what it would leave
+    out (special files), and how many files it could read only by adding owner read to their mode."""
 
     bytes: int
     entries: int
+    special: int = 0
+    unreadable: int = 0
+
+    @property
+    def exact(self) -> bool:
+        """Whether a snapshot would keep the tree as it is: nothing left out, no mode changed."""
+        return not self.special and not self.unreadable
 
 
 def measure(sources: dict[str, Path], limits: SnapshotLimits) -> Usage:
@@ -158,12 +166,20 @@ def measure(sources: dict[str, Path], limits: SnapshotLimits) -> Usage:
     limits as `write_snapshot`, so SnapshotRefused past one. Safe on a running sandbox's tree (the
     disk guard's use): TreeChanged when the tenant moved a dir the walk was in."""
     tally = _Tally(limits)
+    special = unreadable = 0
+    # Root reads every file; a normal user's fleet owns its sandboxes' files but needs their mode.
+    needs_mode = os.geteuid() != 0
     for part, src in sources.items():
         with contextlib.closing(tally.entries_of(part, src)) as entries:
             for entry in entries:
-                if stat.S_ISREG(entry.st.st_mode):
+                mode = entry.st.st_mode
+                if stat.S_ISREG(mode):
                     tally.add_bytes(f"{part}/{entry.path}", stored_bytes(entry.st))
-    return Usage(tally.bytes, tally.entries)
+                    if needs_mode and not mode & stat.S_IRUSR:
+                        unreadable += 1
+                elif not stat.S_ISDIR(mode) and not stat.S_ISLNK(mode):
+                    special += 1
+    return Usage(tally.bytes, tally.entries, special, unreadable)
 
 
 def stored_bytes(st: os.stat_result) -> int:

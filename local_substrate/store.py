@@ -52,8 +52,13 @@ class ActorRecord:
     #: reported on every suspend answer until the next snapshot.
     dropped: tuple[str, ...] = ()
     #: Why the disk guard stopped its last run (over its template's limits while the disk was
-    #: low); answered once, by the next resume, then cleared ("" = nothing to report).
+    #: low), or why files it held could not be kept; answered once, by the next resume, then
+    #: cleared ("" = nothing to report).
     breach: str = ""
+    #: The slot whose dirs hold files newer than `snapshot` ("" = `snapshot` is its latest): set
+    #: by a fleet's park that kept the sandbox frozen without writing one (Control._suspend), kept
+    #: while the actor runs on there, cleared once a snapshot is written from that slot.
+    held: str = ""
 
     def evolve(self, **changes: object) -> ActorRecord:
         """A copy with `changes` and the next version."""
@@ -67,13 +72,17 @@ CREATE TABLE IF NOT EXISTS actors (
     template_name TEXT NOT NULL, status INTEGER NOT NULL, version INTEGER NOT NULL,
     uid TEXT NOT NULL, slot TEXT NOT NULL, run_id TEXT NOT NULL, snapshot TEXT NOT NULL,
     selector TEXT NOT NULL, dropped TEXT NOT NULL DEFAULT '[]', breach TEXT NOT NULL DEFAULT '',
-    PRIMARY KEY (atespace, name));
+    held TEXT NOT NULL DEFAULT '', PRIMARY KEY (atespace, name));
 """
 #: Columns added after the first release, with their definitions (added to older files on open).
-_ADDED_COLUMNS = {"dropped": "TEXT NOT NULL DEFAULT '[]'", "breach": "TEXT NOT NULL DEFAULT ''"}
+_ADDED_COLUMNS = {
+    "dropped": "TEXT NOT NULL DEFAULT '[]'",
+    "breach": "TEXT NOT NULL DEFAULT ''",
+    "held": "TEXT NOT NULL DEFAULT ''",
+}
 _COLUMNS = (
     "atespace, name, template_namespace, template_name, status, version, uid, slot, run_id, snapshot, "
-    "selector, dropped, breach"
+    "selector, dropped, breach, held"
 )
 _PLACEHOLDERS = ",".join("?" * len(_COLUMNS.split(",")))
 
@@ -82,17 +91,17 @@ def _row(r: ActorRecord) -> tuple[object, ...]:
     return (
         r.atespace, r.name, r.template_namespace, r.template_name, int(r.status), r.version,
         r.uid, r.slot, r.run_id, r.snapshot, json.dumps(r.selector, sort_keys=True), json.dumps(r.dropped),
-        r.breach,
+        r.breach, r.held,
     )  # fmt: skip
 
 
 def _record(row: tuple[object, ...]) -> ActorRecord:
-    a, n, tns, tn, st, v, uid, slot, run, snap, sel, dropped, breach = row
+    a, n, tns, tn, st, v, uid, slot, run, snap, sel, dropped, breach, held = row
     return ActorRecord(
         atespace=str(a), name=str(n), template_namespace=str(tns), template_name=str(tn),
         status=Status(int(str(st))), version=int(str(v)), uid=str(uid), slot=str(slot),
         run_id=str(run), snapshot=str(snap), selector=json.loads(str(sel)),
-        dropped=tuple(json.loads(str(dropped))), breach=str(breach),
+        dropped=tuple(json.loads(str(dropped))), breach=str(breach), held=str(held),
     )  # fmt: skip
 
 

@@ -145,9 +145,10 @@ class ActorKeeper:
         self._pressure_until = 0.0
         #: Sessions whose job now ending asked for its park (park_at_end, then session_idle).
         self._parking_at_end: set[str] = set()
-        #: The embedded local Substrate frees a suspending actor's running place once its sandbox
-        #: is stopped, and holds a resume that comes meanwhile until then; a real one refuses it.
-        self._hand_over_early = not config.ate.ateapi
+        #: The Substrate is the embedded local one. It frees a suspending actor's running place
+        #: once its sandbox is stopped, and holds a resume that comes meanwhile until then (a real
+        #: one refuses it); and a park may leave the files held in a frozen sandbox (PARK_KEY).
+        self._embedded = not config.ate.ateapi
         #: Pressure parks in flight that told a waiter here before their suspend (_hand_over).
         self._handed: dict[str, _Waiter] = {}
 
@@ -401,7 +402,7 @@ class ActorKeeper:
         """A pressure park of `parked` is about to suspend it. With the embedded Substrate the
         front waiter here is told now, not when the suspend returns: its resume then runs while
         the parked actor's snapshot is written (park_ended tells nobody else for this park)."""
-        front = self._front_not_told() if self._hand_over_early else None
+        front = self._front_not_told() if self._embedded else None
         if front is not None:
             front.woken.set()
             self._handed[parked] = front
@@ -570,8 +571,12 @@ class ActorKeeper:
                     await self._settle(env.atespace, name, actor, want=ActorStatus.RUNNING)
                 if by is SuspendedBy.PRESSURE:
                     self._hand_over(ctx.job.session)
-                actor = await self.substrate.suspend_actor(env.atespace, name)
+                actor = await self.substrate.suspend_actor(env.atespace, name, park=by in FLEET_PARKS)
                 await self._settle(env.atespace, name, actor, want=ActorStatus.SUSPENDED)
+            elif actor is not None and self._embedded and by not in FLEET_PARKS:
+                # A client's suspend of a session the fleet parked: the files the park left held
+                # in its frozen sandbox are written as a snapshot (a no-op if there are none).
+                actor = await self.substrate.suspend_actor(env.atespace, name)
         except SnapshotFailed as err:
             # Substrate put the actor back at its last snapshot and freed its worker.
             await ctx.update_session(state="suspended", suspended_by=str(by))

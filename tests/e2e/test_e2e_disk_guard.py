@@ -80,8 +80,11 @@ def test_a_call_writing_past_the_quota_while_the_disk_is_low_gets_a_clear_error_
 def test_without_auto_resume_the_call_is_409_and_its_resume_says_why(guarded_fleet: RunningFleet) -> None:
     with guarded_fleet.client() as c:
         hog = f"/v1/environments/my-env/sessions/{uuid.uuid4()}"
-        # given a resumed session whose last snapshot holds kept.txt
+        # given a resumed session whose last snapshot holds kept.txt (its client's suspend wrote
+        # it; the fleet's park after an auto_resume call may leave it held in the frozen sandbox,
+        # and the guard's stop drops held files with the rest: control.py, "Held files")
         assert _output(_call(c, hog, "echo kept > kept.txt && echo ok")) == "ok\n"
+        assert c.post(f"{hog}/suspend").status_code == 200
         assert c.post(f"{hog}/resume").status_code == 200
         # when a call without auto_resume writes past the quota, then it answers as after any
         # actor death: the session is not running (it may not resume on its own)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import tarfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+import zstandard
 
 from common.config import Config, load_config
 from common.queue.keys import Keys, session_name
@@ -188,6 +191,57 @@ def test_a_parked_session_whose_actor_vanished_wakes_on_a_new_one(small_fleet: R
         assert r.status_code == 200, r.text
         assert "up" in r.json()["output"] and "No such file" in r.json()["output"]
         assert _view(c, sid)["state"] == "running"
+
+
+def test_a_fleet_park_holds_the_files_and_a_clients_suspend_or_destroy_writes_them(
+    small_fleet: RunningFleet,
+) -> None:
+    sid = f"hd-{uuid.uuid4().hex[:8]}"
+    config = load_config(small_fleet.config_path)
+    with small_fleet.client() as c:
+        # given a session the fleet parked after an auto_resume call: its sandbox is kept frozen
+        # with the file, and no snapshot was written for it
+        r = c.post(_base(sid), json={**_call("bash", command="echo kept > f"), "auto_resume": True})
+        assert r.status_code == 200, r.text
+        view = _view(c, sid)
+        assert view["suspended_by"] == "auto_resume"
+        assert asyncio.run(_latest_snapshot(config, view["actor"])) == ""
+
+        # when its client suspends it, then the file is written in a snapshot
+        assert c.post(f"{_base(sid)}/suspend").status_code == 200
+        view = _view(c, sid)
+        assert view["suspended_by"] == "client" and view["snapshot"]["bytes"]
+        written = asyncio.run(_latest_snapshot(config, view["actor"]))
+        assert written and os.path.exists(written)
+
+        # and a destroy that keeps the snapshot names the one holding its latest files
+        r = c.post(_base(sid), json={**_call("bash", command="echo later >> f"), "auto_resume": True})
+        assert r.status_code == 200, r.text
+        r = c.delete(_base(sid), params={"keep_snapshot": "true"})
+        assert r.status_code in (200, 202), r.text
+        deadline = time.monotonic() + 30
+        while (view := _view(c, sid))["state"] != "destroyed":
+            assert time.monotonic() < deadline, view
+            time.sleep(0.1)
+        kept = view["snapshot"]["location"]
+        assert kept and kept != written and os.path.exists(kept)
+        assert _snapshot_file(kept, "workspace/f") == b"kept\nlater\n"
+
+
+async def _latest_snapshot(config: Config, actor: dict[str, str]) -> str:
+    async with make_substrate_client(config, substrate_address(config)) as substrate:
+        return (await substrate.get_actor(actor["atespace"], actor["name"])).latest_snapshot
+
+
+def _snapshot_file(path: str, member: str) -> bytes:
+    with open(path, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as zr:
+        with tarfile.open(fileobj=zr, mode="r|") as tar:
+            for info in tar:
+                if info.name == member:
+                    data = tar.extractfile(info)
+                    assert data is not None
+                    return data.read()
+    raise AssertionError(f"{member} is not in {path}")
 
 
 async def _delete_actor(config: Config, actor: dict[str, str]) -> None:

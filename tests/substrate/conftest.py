@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import resource
 import shutil
 import tempfile
@@ -16,7 +17,8 @@ import pytest
 from common.config import Config, parse_config
 from common.guest_client import GuestClient
 from common.routing import LocalGuestRouter
-from common.substrate import Actor, SubstrateClient, make_substrate_client
+from common.substrate import Actor, ActorStatus, SubstrateClient, make_substrate_client
+from local_substrate.sandbox import nproc_counted_per_sandbox
 from local_substrate.server import LocalSubstrate
 
 ATESPACE = "default"
@@ -29,6 +31,15 @@ TEMPLATE = "default-env-template"
 _NPROC_HARD = resource.getrlimit(resource.RLIMIT_NPROC)[1]
 UNSANDBOXED = {"name": TEMPLATE, "limits": {
     "max_pids": 1 << 20 if _NPROC_HARD == resource.RLIM_INFINITY else min(1 << 20, _NPROC_HARD)}}
+
+
+#: Sandboxes are kept frozen where each one's RLIMIT_NPROC counts only its own processes: as root
+#: (a uid per slot), or bwrap on a kernel that counts per user namespace (control.can_keep_frozen).
+FREEZES = os.geteuid() == 0 or nproc_counted_per_sandbox("bwrap")
+needs_freezing = pytest.mark.skipif(
+    not FREEZES, reason="this kernel counts RLIMIT_NPROC for the fleet's uid as a whole and this is not "
+    "root: stopped sandboxes would use up the running ones' process budget, so none is kept frozen"
+)
 
 
 def substrate_config(state_dir: Path, **local: Any) -> Config:
@@ -63,6 +74,20 @@ class Harness:
         self.guests.append(guest)
         result, _ = await guest.run(uuid.uuid4().hex, "bash", {"command": command})
         return dict(result)
+
+    async def running(self, name: str) -> Actor:
+        """Resume `name`; it must answer RUNNING."""
+        actor = await self.client.resume_actor(ATESPACE, name)
+        assert actor.status is ActorStatus.RUNNING
+        return actor
+
+    def sandbox_pid(self, actor: str) -> int:
+        """The pid of the sandbox `actor` has (running or frozen)."""
+        control = self.server.control
+        assert control is not None
+        slot = next(s for s in control.slots.slots if s.actor == actor)
+        assert slot.process is not None
+        return slot.process.pid
 
     async def close(self, suspend_running: bool = True) -> None:
         for g in self.guests:

@@ -17,22 +17,12 @@ import pytest
 
 from common.guest_client import GuestClient, GuestUnavailable
 from common.routing import LocalGuestRouter
-from common.substrate import Actor, ActorStatus
+from common.substrate import ActorStatus
 from local_substrate import frozen, server
-from local_substrate.sandbox import nproc_counted_per_sandbox
 from tests.conftest import SANDBOX_LEVELS
-from tests.substrate.conftest import ATESPACE, UNSANDBOXED, Harness, Start
+from tests.substrate.conftest import ATESPACE, UNSANDBOXED, Harness, Start, needs_freezing
 
 pytestmark = pytest.mark.non_root
-
-#: Sandboxes are kept frozen where each one's RLIMIT_NPROC counts only its own processes: as root
-#: (a uid per slot), or bwrap on a kernel that counts per user namespace (control.can_keep_frozen).
-FREEZES = os.geteuid() == 0 or nproc_counted_per_sandbox("bwrap")
-needs_freezing = pytest.mark.skipif(
-    not FREEZES, reason="this kernel counts RLIMIT_NPROC for the fleet's uid as a whole and this is not "
-    "root: stopped sandboxes would use up the running ones' process budget, so none is kept frozen"
-)
-
 
 async def _start(start_substrate: Start, level: str, slots: int = 1, frozen_max: int = 2) -> Harness:
     h = await start_substrate(slots=slots, frozen_max=frozen_max, sandbox=level)
@@ -44,32 +34,18 @@ def _states(root: int) -> set[str]:
     return {frozen._state(p) for p in frozen.tree(root)}
 
 
-def _sandbox_pid(h: Harness, actor: str) -> int:
-    control = h.server.control
-    assert control is not None
-    slot = next(s for s in control.slots.slots if s.actor == actor)
-    assert slot.process is not None
-    return slot.process.pid
-
-
-async def _resume_running(h: Harness, name: str) -> Actor:
-    actor = await h.client.resume_actor(ATESPACE, name)
-    assert actor.status is ActorStatus.RUNNING
-    return actor
-
-
 async def _saved_and_suspended(h: Harness, name: str) -> int:
     """Create and resume `name`, write "saved" to `f`, suspend it; the pid of its sandbox."""
     await h.actor(name)
-    a = await _resume_running(h, name)
+    a = await h.running(name)
     await h.bash(a, "echo saved > f")
-    pid = _sandbox_pid(h, name)
+    pid = h.sandbox_pid(name)
     await h.client.suspend_actor(ATESPACE, name)
     return pid
 
 
 async def _resumes_with_its_file(h: Harness, name: str) -> None:
-    a = await _resume_running(h, name)
+    a = await h.running(name)
     assert (await h.bash(a, "cat f"))["output"] == "saved\n"
 
 
@@ -83,10 +59,10 @@ async def test_a_suspended_actor_continues_its_own_processes(start_substrate: St
     # given one worker and an actor with a file and a background process
     h = await _start(start_substrate, level)
     await h.actor("fz-a")
-    a = await _resume_running(h, "fz-a")
+    a = await h.running("fz-a")
     started = await h.bash(a, "echo kept > f; (sleep 300 & echo $! > bg.pid); cat bg.pid")
     bg = started["output"].strip()
-    pid = _sandbox_pid(h, "fz-a")
+    pid = h.sandbox_pid("fz-a")
 
     # when it is suspended
     assert (await h.client.suspend_actor(ATESPACE, "fz-a")).status is ActorStatus.SUSPENDED
@@ -96,13 +72,13 @@ async def test_a_suspended_actor_continues_its_own_processes(start_substrate: St
     workers = await h.client.list_workers()
     assert len(workers) == 1 and not workers[0].actor_id
     await h.actor("fz-b")
-    b = await _resume_running(h, "fz-b")
+    b = await h.running("fz-b")
     assert (await h.bash(b, "echo b"))["output"] == "b\n"
     await h.client.suspend_actor(ATESPACE, "fz-b")
 
     # when it is resumed, then the same sandbox runs on, background process and files included
-    a = await _resume_running(h, "fz-a")
-    assert _sandbox_pid(h, "fz-a") == pid
+    a = await h.running("fz-a")
+    assert h.sandbox_pid("fz-a") == pid
     assert not (_states(pid) & {"T", "t"})
     out = await h.bash(a, f"cat f; kill -0 {bg} && echo alive")
     assert out["output"] == "kept\nalive\n"
@@ -117,19 +93,19 @@ async def test_an_evicted_frozen_actor_comes_back_from_its_snapshot(
     # resumed after a's suspend
     h = await _start(start_substrate, level, frozen_max=1)
     await h.actor("ev-a")
-    a = await _resume_running(h, "ev-a")
+    a = await h.running("ev-a")
     await h.bash(a, "echo saved > f")
-    pid = _sandbox_pid(h, "ev-a")
+    pid = h.sandbox_pid("ev-a")
     await h.client.suspend_actor(ATESPACE, "ev-a")
     for other in ("ev-b", "ev-c"):  # b takes the empty slot; c needs a's
         await h.actor(other)
-        await _resume_running(h, other)
+        await h.running(other)
         await h.client.suspend_actor(ATESPACE, other)
 
     # then a's processes are gone, and its resume restores its files into a new sandbox
     assert not Path(f"/proc/{pid}").exists()
-    a = await _resume_running(h, "ev-a")
-    assert _sandbox_pid(h, "ev-a") != pid
+    a = await h.running("ev-a")
+    assert h.sandbox_pid("ev-a") != pid
     assert (await h.bash(a, "cat f"))["output"] == "saved\n"
 
 
@@ -140,14 +116,14 @@ async def test_a_tenant_cannot_keep_running_while_frozen(start_substrate: Start,
     # that sends SIGCONT to every process it can see
     h = await _start(start_substrate, level)
     await h.actor("fz-t")
-    a = await _resume_running(h, "fz-t")
+    a = await h.running("fz-t")
     await h.bash(a, (
         "setsid sh -c 'while :; do date +%s%N >> tick; sleep 0.05; done' >/dev/null 2>&1 < /dev/null & "
         "(while :; do sleep 0.01 & wait; done) >/dev/null 2>&1 < /dev/null & "
         "(while :; do kill -CONT -1 2>/dev/null; sleep 0.01; done) >/dev/null 2>&1 < /dev/null & "
         "sleep 0.3; echo started"
     ))  # fmt: skip
-    pid = _sandbox_pid(h, "fz-t")
+    pid = h.sandbox_pid("fz-t")
     control = h.server.control
     assert control is not None
     workspace = next(s for s in control.slots.slots if s.actor == "fz-t").dirs.workspace
@@ -164,7 +140,7 @@ async def test_a_tenant_cannot_keep_running_while_frozen(start_substrate: Start,
         return
 
     # and when resumed, it runs on
-    await _resume_running(h, "fz-t")
+    await h.running("fz-t")
     deadline = time.monotonic() + 10
     while (workspace / "tick").read_text() == ticks:
         assert time.monotonic() < deadline
@@ -208,9 +184,9 @@ async def test_a_sandbox_whose_snapshot_dropped_files_is_not_kept(
     # given a tenant with a fifo in its workspace (a snapshot drops special files)
     h = await _start(start_substrate, level)
     await h.actor("fz-fifo")
-    a = await _resume_running(h, "fz-fifo")
+    a = await h.running("fz-fifo")
     await h.bash(a, "mkfifo pipe; echo saved > f")
-    pid = _sandbox_pid(h, "fz-fifo")
+    pid = h.sandbox_pid("fz-fifo")
 
     # when it is suspended, then the drop is reported and the sandbox is not kept frozen
     suspended = await h.client.suspend_actor(ATESPACE, "fz-fifo")
@@ -220,7 +196,7 @@ async def test_a_sandbox_whose_snapshot_dropped_files_is_not_kept(
     assert _stopped_for_good(pid)
 
     # and its resume has exactly what the snapshot kept
-    a = await _resume_running(h, "fz-fifo")
+    a = await h.running("fz-fifo")
     assert (await h.bash(a, "ls"))["output"] == "f\n"
 
 
@@ -231,10 +207,10 @@ async def test_an_address_from_before_the_suspend_does_not_reach_the_thawed_gues
 ) -> None:
     h = await _start(start_substrate, level)
     await h.actor("fz-addr")
-    before = await _resume_running(h, "fz-addr")
+    before = await h.running("fz-addr")
     stale = await LocalGuestRouter(h.config).address(before)
     await h.client.suspend_actor(ATESPACE, "fz-addr")
-    after = await _resume_running(h, "fz-addr")
+    after = await h.running("fz-addr")
     assert after.pod_name == before.pod_name and after.pod_uid != before.pod_uid
     async with GuestClient(stale, actor="fz-addr") as guest:
         with pytest.raises(GuestUnavailable):
@@ -248,12 +224,12 @@ async def test_modes_the_tenant_set_are_what_it_resumes_with(start_substrate: St
     # read access to snapshot them: then the sandbox is not kept, the snapshot restores the modes)
     h = await _start(start_substrate, level)
     await h.actor("fz-modes")
-    a = await _resume_running(h, "fz-modes")
+    a = await h.running("fz-modes")
     await h.bash(a, "mkdir locked && echo in > locked/f && echo s > closed && chmod 000 locked closed")
     await h.client.suspend_actor(ATESPACE, "fz-modes")
 
     # when it resumes, then both are as it left them
-    a = await _resume_running(h, "fz-modes")
+    a = await h.running("fz-modes")
     assert (await h.bash(a, "stat -c '%n %a' locked closed"))["output"] == "locked 0\nclosed 0\n"
 
 

@@ -28,14 +28,14 @@ async def test_a_resume_runs_while_another_actors_snapshot_is_written(
     a = await h.client.resume_actor(ATESPACE, "a")
     await h.bash(a, "echo kept > f")
     writing, release = threading.Event(), threading.Event()
-    write = Control._write_snapshot
+    write = Control._checkpoint
 
     def held_write(self: Control, *args: Any) -> Any:
         writing.set()
         release.wait(30)
         return write(self, *args)
 
-    monkeypatch.setattr(Control, "_write_snapshot", held_write)
+    monkeypatch.setattr(Control, "_checkpoint", held_write)
     suspend = asyncio.create_task(h.client.suspend_actor(ATESPACE, "a"))
     try:
         assert await asyncio.to_thread(writing.wait, 30)
