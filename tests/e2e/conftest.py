@@ -52,6 +52,30 @@ class RunningFleet:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-20000:]
 
+    def children(self) -> dict[str, int]:
+        """Role → pid of the fleet's children, read from their command lines (as `ps` shows them);
+        `worker-<id>`, and `api-<n>` numbered by pid (the API processes share one command line)."""
+        roles: dict[str, int] = {}
+        apis: list[int] = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                cmd = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == self.process.pid and b"atefleet" in cmd:
+                args = [c.decode() for c in cmd if c]
+                role = args[args.index("atefleet") + 1]
+                if role == "api":
+                    apis.append(int(entry.name))
+                else:
+                    roles[role if role != "worker" else f"worker-{args[-1]}"] = int(entry.name)
+        roles.update({f"api-{n}": pid for n, pid in enumerate(sorted(apis))})
+        return roles
+
     def redis_client(self) -> redis.Redis:
         """A client of the fleet's Redis, whichever server that is."""
         if self.redis_server is not None:

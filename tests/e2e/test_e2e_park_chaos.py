@@ -10,7 +10,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -44,23 +43,6 @@ def _base(sid: str) -> str:
     return f"/v1/environments/my-env/sessions/{sid}"
 
 
-def _worker_pids(up_pid: int) -> list[int]:
-    """The `atefleet worker` children of `atefleet up`."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == up_pid and b"worker" in argv:
-            pids.append(int(entry.name))
-    return pids
-
-
 def _resume(fleet: RunningFleet, sid: str) -> httpx.Response:
     with fleet.client() as c:
         return c.post(f"{_base(sid)}/resume")
@@ -92,7 +74,7 @@ def test_worker_killed_mid_park_loses_nothing_and_holds_no_slot(slow_park_fleet:
                 return any(c.get(_base(s)).json()["state"] == "suspending" for s in sids[:SLOTS])
 
             _wait(parking, 30, "a pressure park in flight")
-            workers = _worker_pids(fleet.process.pid)
+            workers = [pid for role, pid in fleet.children().items() if role.startswith("worker-")]
             assert workers, "no worker process found"
             for pid in workers:
                 os.kill(pid, signal.SIGKILL)

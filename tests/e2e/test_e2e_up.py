@@ -22,34 +22,9 @@ def _niceness(pid: int) -> int:
     return int(stat.rsplit(")", 1)[1].split()[16])  # field 19, counted after the command name
 
 
-def _children(fleet: RunningFleet) -> dict[str, int]:
-    """Role → pid of the fleet's children, read from their command lines (as `ps` shows them);
-    `worker-<id>`, and `api-<n>` numbered by pid (the API processes share one command line)."""
-    roles: dict[str, int] = {}
-    apis: list[int] = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == fleet.process.pid and b"atefleet" in cmd:
-            args = [c.decode() for c in cmd if c]
-            role = args[args.index("atefleet") + 1]
-            if role == "api":
-                apis.append(int(entry.name))
-            else:
-                roles[role if role != "worker" else f"worker-{args[-1]}"] = int(entry.name)
-    roles.update({f"api-{n}": pid for n, pid in enumerate(sorted(apis))})
-    return roles
-
-
 def _restarted(fleet: RunningFleet, before: dict[str, int], role: str) -> bool:
     """The killed `role` process is gone and a new one took its place."""
-    now = _children(fleet)
+    now = fleet.children()
     return before[role] not in now.values() and len(now) == len(before)
 
 
@@ -95,7 +70,7 @@ def test_killed_children_are_restarted_and_ctrl_c_leaves_nothing(short_tmp: Path
 
 
 def _supervision_and_clean_stop(fleet: RunningFleet, tmp_path: Path) -> None:
-    roles = _children(fleet)
+    roles = fleet.children()
     expected = {"api-0", "api-1", "reconciler", "webhooks", "local-substrate", "worker-w0", "worker-w1"}
     assert expected <= set(roles)
     # workers run below the API and Redis (workers.nice, default 5); the rest as started
@@ -113,7 +88,7 @@ def _supervision_and_clean_stop(fleet: RunningFleet, tmp_path: Path) -> None:
     assert "restarting" in fleet.log()
     _redis_outage_is_a_503(fleet)
     # when Ctrl-C, then every process ends and no lock is left
-    pids = set(_children(fleet).values()) | {fleet.process.pid}
+    pids = set(fleet.children().values()) | {fleet.process.pid}
     fleet.process.send_signal(signal.SIGINT)
     fleet.process.wait(60)
     assert fleet.process.returncode == 0, fleet.log()
