@@ -58,8 +58,10 @@ def test_a_call_writing_past_the_quota_while_the_disk_is_low_gets_a_clear_error_
     with guarded_fleet.client() as c:
         hog = f"/v1/environments/my-env/sessions/{uuid.uuid4()}"
         bystander = f"/v1/environments/my-env/sessions/{uuid.uuid4()}"
-        # given a session whose last snapshot holds kept.txt (parked after its auto_resume call)
+        # given a session whose last snapshot holds kept.txt (its client's suspend wrote it: the
+        # fleet's park after an auto_resume call may only hold it, see the test below)
         assert _output(_call(c, hog, "echo kept > kept.txt && echo ok")) == "ok\n"
+        assert c.post(f"{hog}/suspend").status_code == 200
         # and a bystander running within its quota
         assert c.post(f"{bystander}/resume").status_code == 200
         assert _output(_call(c, bystander, "head -c 2M /dev/urandom > mine && echo ok", False)) == "ok\n"
