@@ -7,7 +7,9 @@ through N slots. Targets: warm resume p50 <= 150 ms and suspend p50 <= 250 ms at
 Twice, in one run: with sandboxes never kept frozen (`frozen_max: 0`: every resume restores the
 snapshot into a new sandbox; the figures without a prefix, comparable with earlier runs), then
 with the shipped `frozen_max` (a resume continues the frozen sandbox: `frozen_*` figures, cycles
-counted on each session's second round) and their ratio to the first.
+counted on each session's second round) and their ratio to the first. The frozen run also
+measures the fleet's own parks (SuspendActor with `atefleet-park`: the frozen sandbox holds the
+files, no snapshot is written): `frozen_park_*` figures, each with its resume (a thaw).
 
 Run: .venv/bin/python bench/substrate.py [--slots 4] [--rounds 30] [--sessions 48] [--sandbox auto]
 """
@@ -60,7 +62,7 @@ async def timed(call: Any) -> float:
 
 
 async def latency(
-    config: Config, client: SubstrateClient, name: str, size_mb: int, rounds: int
+    config: Config, client: SubstrateClient, name: str, size_mb: int, rounds: int, park: bool = False
 ) -> dict[str, float]:
     await client.create_actor(ATESPACE, name, TEMPLATE)
     actor = await client.resume_actor(ATESPACE, name)
@@ -69,7 +71,7 @@ async def latency(
     resumes, suspends = [], []
     for _ in range(rounds):
         resumes.append(await timed(client.resume_actor(ATESPACE, name)))
-        suspends.append(await timed(client.suspend_actor(ATESPACE, name)))
+        suspends.append(await timed(client.suspend_actor(ATESPACE, name, park=park)))
     return {
         "resume_p50": statistics.median(resumes),
         "resume_p99": pct(resumes, 0.99),
@@ -78,7 +80,7 @@ async def latency(
     }
 
 
-async def cycle(config: Config, client: SubstrateClient, name: str) -> None:
+async def cycle(config: Config, client: SubstrateClient, name: str, park: bool) -> None:
     while True:
         try:
             actor = await client.resume_actor(ATESPACE, name)
@@ -86,21 +88,21 @@ async def cycle(config: Config, client: SubstrateClient, name: str) -> None:
         except NoFreeWorkers:
             await asyncio.sleep(0.005)
     await bash(config, actor, "echo x >> log.txt")
-    await client.suspend_actor(ATESPACE, name)
+    await client.suspend_actor(ATESPACE, name, park=park)
 
 
 async def throughput(
-    config: Config, client: SubstrateClient, sessions: int, slots: int, rounds: int
+    config: Config, client: SubstrateClient, sessions: int, slots: int, rounds: int, park: bool = False
 ) -> float:
     """Sessions cycled per second in the last of `rounds` rounds over `sessions` actors."""
-    names = [f"t{i}" for i in range(sessions)]
+    names = [f"{'p' if park else 't'}{i}" for i in range(sessions)]
     for n in names:
         await client.create_actor(ATESPACE, n, TEMPLATE)
     gate = asyncio.Semaphore(slots)
 
     async def one(n: str) -> None:
         async with gate:
-            await cycle(config, client, n)
+            await cycle(config, client, n, park)
 
     for _ in range(rounds):
         started = time.perf_counter()
@@ -130,6 +132,19 @@ async def run(args: argparse.Namespace, frozen: bool) -> dict[str, Any]:
         small = await latency(config, client, "one-mb", 1, args.rounds)
         big = await latency(config, client, "fifty-mb", 50, max(5, args.rounds // 3))
         per_s = await throughput(config, client, args.sessions, args.slots, rounds=2 if frozen else 1)
+        parks: dict[str, float] = {}
+        if frozen:
+            small_park = await latency(config, client, "one-mb-park", 1, args.rounds, park=True)
+            big_park = await latency(config, client, "fifty-mb-park", 50, max(5, args.rounds // 3), park=True)
+            parks = {
+                "park_p50_ms_1mb": round(small_park["suspend_p50"], 1),
+                "park_resume_p50_ms_1mb": round(small_park["resume_p50"], 1),
+                "park_p50_ms_50mb": round(big_park["suspend_p50"], 1),
+                "park_resume_p50_ms_50mb": round(big_park["resume_p50"], 1),
+                "parks_cycled_per_s": round(
+                    await throughput(config, client, args.sessions, args.slots, rounds=2, park=True), 2
+                ),
+            }
     finally:
         await client.close()
         await server.stop()
@@ -147,6 +162,7 @@ async def run(args: argparse.Namespace, frozen: bool) -> dict[str, Any]:
         "sessions_cycled_per_s": round(per_s, 2),
         "slots": args.slots,
         "sandbox": server.level,
+        **parks,
     }
 
 
@@ -163,6 +179,7 @@ def main() -> None:
                 "resume_p50_ms_50mb", "suspend_p50_ms_50mb", "sessions_cycled_per_s"):
         figures[f"frozen_{key}"] = frozen[key]
         figures[f"frozen_{key}_ratio"] = round(frozen[key] / figures[key], 3) if figures[key] else None
+    figures.update({f"frozen_{k}": v for k, v in frozen.items() if k.startswith("park")})
     print(f"sandbox: {figures['sandbox']}, slots: {figures['slots']}")
     for size in ("1mb", "50mb"):
         f = {k.replace(f"_ms_{size}", ""): v for k, v in figures.items() if k.endswith(f"_ms_{size}")}
@@ -173,6 +190,9 @@ def main() -> None:
     f = {k.removeprefix("frozen_"): v for k, v in figures.items() if k.startswith("frozen_")}
     print(f"frozen: resume p50 {f['resume_p50_ms_1mb']} ms (1 MB), {f['resume_p50_ms_50mb']} ms (50 MB);"
           f" suspend p50 {f['suspend_p50_ms_1mb']} ms; cycled {f['sessions_cycled_per_s']}/s")  # fmt: skip
+    print(f"parks: {f['park_p50_ms_1mb']} ms (1 MB), {f['park_p50_ms_50mb']} ms (50 MB), their resumes"
+          f" {f['park_resume_p50_ms_1mb']} / {f['park_resume_p50_ms_50mb']} ms;"
+          f" cycled {f['parks_cycled_per_s']}/s")  # fmt: skip
     print(json.dumps(figures))
 
 
