@@ -461,7 +461,9 @@ class Control:
             raise precondition(NO_FREE_WORKERS)
         frozen_run = slot.run_id
         self.slots.thaw(slot)
-        rec = self.store.update(rec.evolve(status=Status.RESUMING, slot=slot.name, run_id=uuid.uuid4().hex))
+        rec = self.store.update(
+            rec.evolve(status=Status.RESUMING, slot=slot.name, run_id=uuid.uuid4().hex), durable=False
+        )
         try:
             self.faults.midway("ResumeActor")
             # A new incarnation, as after any resume: an address cached before the suspend no
@@ -476,7 +478,7 @@ class Control:
             if not slot.holding:
                 self.slots.release(slot)
             raise
-        rec = self.store.update(rec.evolve(status=Status.RUNNING))
+        rec = self.store.update(rec.evolve(status=Status.RUNNING), durable=False)
         if slot.watcher is not None:
             slot.watcher.cancel()
         slot.watcher = asyncio.create_task(self._watch(slot, rec))
@@ -576,7 +578,7 @@ class Control:
         slot.stopping = True
         going = Status.SUSPENDING if target is Status.SUSPENDED else Status.PAUSING
         if rec.status is not going:
-            rec = self.store.update(rec.evolve(status=going))
+            rec = self.store.update(rec.evolve(status=going), durable=False)
         run_id = rec.run_id
         # Frozen, the sandbox writes nothing while the snapshot is taken, as if it had stopped.
         self._stilling.add(slot.name)
@@ -607,7 +609,8 @@ class Control:
             log.warning("snapshot of %s/%s failed: %s", atespace, name, err)
             raise snapshot_failed(f"{atespace}/{name}", err) from err
         if dropped is None:  # a park: the frozen sandbox holds the files, a snapshot waits until needed
-            rec = self.store.update(rec.evolve(status=target, slot="", run_id="", held=slot.name, dropped=()))
+            held = rec.evolve(status=target, slot="", run_id="", held=slot.name, dropped=())
+            rec = self.store.update(held, durable=False)
             self.slots.freeze(slot, run_id, rec.snapshot)
             return rec
         rec = self.store.update(rec.evolve(

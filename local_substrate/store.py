@@ -1,8 +1,15 @@
 """The local Substrate's persisted state: actors and atespaces in one sqlite file.
 
-Every change is one committed transaction (synchronous=FULL), so a restart of the server sees
-exactly the last acknowledged state. Updates are optimistic on `version`: a writer that read an
-older version gets `VersionConflict` (the API answers ABORTED "concurrent update conflict").
+Every change is one committed transaction, so a restart of the server (a crash of its process
+included) sees exactly the last acknowledged state. Commits are synchronous=FULL (on disk before
+they return) except the status changes of a resume or park that point at no new snapshot
+(`update(durable=False)`, NORMAL: written to the WAL at once, on disk at the next FULL commit or
+checkpoint): only a power loss or kernel crash can roll those back, and recovery then sees the
+operation as not done, or not finished, which it handles like any other. A commit that points an
+actor at a new snapshot is always FULL, and the snapshot it replaces is deleted only after it.
+
+Updates are optimistic on `version`: a writer that read an older version gets `VersionConflict`
+(the API answers ABORTED "concurrent update conflict").
 """
 
 from __future__ import annotations
@@ -85,6 +92,7 @@ _COLUMNS = (
     "selector, dropped, breach, held"
 )
 _PLACEHOLDERS = ",".join("?" * len(_COLUMNS.split(",")))
+_UPDATE = f"UPDATE actors SET ({_COLUMNS}) = ({_PLACEHOLDERS}) WHERE atespace=? AND name=? AND version=?"
 
 
 def _row(r: ActorRecord) -> tuple[object, ...]:
@@ -158,13 +166,17 @@ class Store:
         """Raises sqlite3.IntegrityError if the actor exists."""
         self._db.execute(f"INSERT INTO actors({_COLUMNS}) VALUES ({_PLACEHOLDERS})", _row(record))
 
-    def update(self, record: ActorRecord) -> ActorRecord:
-        """Store `record` (made by `evolve`) if the stored version is the one before it."""
+    def update(self, record: ActorRecord, durable: bool = True) -> ActorRecord:
+        """Store `record` (made by `evolve`) if the stored version is the one before it; without
+        `durable`, committed without waiting for the disk (see the module's doc)."""
         values = _row(record)
-        cur = self._db.execute(
-            f"UPDATE actors SET ({_COLUMNS}) = ({_PLACEHOLDERS}) WHERE atespace=? AND name=? AND version=?",
-            (*values, record.atespace, record.name, record.version - 1),
-        )
+        if not durable:
+            self._db.execute("PRAGMA synchronous=NORMAL")
+        try:
+            cur = self._db.execute(_UPDATE, (*values, record.atespace, record.name, record.version - 1))
+        finally:
+            if not durable:
+                self._db.execute("PRAGMA synchronous=FULL")
         if cur.rowcount != 1:
             raise VersionConflict(f"{record.atespace}/{record.name}")
         return record
