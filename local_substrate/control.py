@@ -279,7 +279,7 @@ class Control:
         if self.slots.busy or self._busy:
             raise precondition("actors are running; suspend them first")
         for slot in self.slots.slots:
-            if slot.frozen:
+            if slot.frozen or slot.holding:  # (their actors go: nothing held is written)
                 self._spawn(self._evict(slot))
         for rec in self.store.all():
             self.snapshots.delete_actor(rec.uid)

@@ -11,7 +11,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -142,6 +143,30 @@ def base_config(tmp: Path, port: int, **overrides: Any) -> dict[str, Any]:
     }
     cfg.update(overrides)
     return cfg
+
+
+def wait_until(cond: Callable[[], object], what: str, timeout_s: float = 30) -> None:
+    """Poll `cond` until it is true; AssertionError naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@contextmanager
+def few_slots_fleet(
+    tmp: Path, slots: int, workers: dict[str, Any] | None = None, **local: Any
+) -> Iterator[RunningFleet]:
+    """A fleet on `slots` local slots (`local`: more local_substrate settings) and one worker
+    process (`workers`: more of its settings), for many more sessions than slots; stopped after."""
+    cfg = base_config(tmp, free_port())
+    cfg["local_substrate"].update(slots=slots, **local)
+    cfg["workers"] = {"processes": 1, "lease_ttl_s": 3, **(workers or {})}
+    running = start_fleet(tmp, cfg)
+    try:
+        yield running
+    finally:
+        running.stop()
 
 
 def start_fleet(tmp: Path, cfg: dict[str, Any], own_process_group: bool = False) -> RunningFleet:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import RunningFleet, base_config, free_port, start_fleet
+from tests.e2e.conftest import RunningFleet, few_slots_fleet, wait_until
 from tests.substrate.conftest import FREEZES
 
 SLOTS = 2
@@ -27,13 +26,8 @@ CALLS = 3
 
 @pytest.fixture(scope="module")
 def held_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningFleet]:
-    tmp = tmp_path_factory.mktemp("held-chaos")
-    cfg = base_config(tmp, free_port())
-    cfg["local_substrate"]["slots"] = SLOTS
-    cfg["workers"] = {"processes": 1, "lease_ttl_s": 3}
-    running = start_fleet(tmp, cfg)
-    yield running
-    running.stop()
+    with few_slots_fleet(tmp_path_factory.mktemp("held-chaos"), SLOTS) as fleet:
+        yield fleet
 
 
 def _call(command: str) -> dict[str, Any]:
@@ -49,13 +43,6 @@ def _append(c: httpx.Client, sid: str, n: int) -> str:
     r = c.post(_base(sid), json=_call(f"echo {n} >> counter; tr '\\n' ' ' < counter"))
     assert r.status_code == 200, r.text
     return str(r.json()["output"]).strip()
-
-
-def _wait(cond: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def test_a_killed_local_substrate_loses_no_held_file(held_fleet: RunningFleet) -> None:
@@ -84,7 +71,7 @@ def test_a_killed_local_substrate_loses_no_held_file(held_fleet: RunningFleet) -
         # when the local Substrate is SIGKILLed (its frozen sandboxes die with it) and restarted
         before = fleet.children()["local-substrate"]
         os.kill(before, signal.SIGKILL)
-        _wait(lambda: fleet.children().get("local-substrate", before) != before, 60, "its restart")
+        wait_until(lambda: fleet.children().get("local-substrate", before) != before, "its restart", 60)
 
     # then every session's next calls find all it wrote, in order, and go on
     with ThreadPoolExecutor(SESSIONS) as pool:

@@ -23,7 +23,7 @@ from common.config import Config, load_config
 from common.queue.keys import Keys, session_name
 from common.routing import substrate_address
 from common.substrate import make_substrate_client
-from tests.e2e.conftest import RunningFleet, base_config, free_port, start_fleet
+from tests.e2e.conftest import RunningFleet, few_slots_fleet
 
 SLOTS = 3
 
@@ -31,13 +31,8 @@ SLOTS = 3
 @pytest.fixture(scope="module")
 def small_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningFleet]:
     """A fleet with few slots and the shipped capacity defaults (min_idle_s, capacity_wait_s)."""
-    tmp = tmp_path_factory.mktemp("overcommit")
-    cfg = base_config(tmp, free_port())
-    cfg["local_substrate"]["slots"] = SLOTS
-    cfg["workers"] = {"processes": 1, "lease_ttl_s": 3}
-    running = start_fleet(tmp, cfg)
-    yield running
-    running.stop()
+    with few_slots_fleet(tmp_path_factory.mktemp("overcommit"), SLOTS) as fleet:
+        yield fleet
 
 
 def _call(name: str, call_id: str = "c1", **arguments: Any) -> dict[str, Any]:
@@ -307,13 +302,8 @@ def test_a_call_ending_while_a_resume_waits_parks_its_own_session(small_fleet: R
 @pytest.fixture(scope="module")
 def patient_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningFleet]:
     """Few slots, and sessions kept up a second after a call while resumes wait (min_idle_s)."""
-    tmp = tmp_path_factory.mktemp("overcommit-patient")
-    cfg = base_config(tmp, free_port())
-    cfg["local_substrate"]["slots"] = SLOTS
-    cfg["workers"] = {"processes": 1, "lease_ttl_s": 3, "min_idle_s": 1.0}
-    running = start_fleet(tmp, cfg)
-    yield running
-    running.stop()
+    with few_slots_fleet(tmp_path_factory.mktemp("overcommit-patient"), SLOTS, {"min_idle_s": 1.0}) as fleet:
+        yield fleet
 
 
 def test_with_min_idle_a_back_to_back_call_keeps_its_session_up(patient_fleet: RunningFleet) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import RunningFleet, base_config, free_port, start_fleet
+from tests.e2e.conftest import RunningFleet, few_slots_fleet, wait_until
 
 SLOTS = 2
 #: Suspends take this long (fault injection), so the test can kill the worker mid-park.
@@ -24,14 +23,9 @@ SUSPEND_MS = 2000
 
 @pytest.fixture(scope="module")
 def slow_park_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningFleet]:
-    tmp = tmp_path_factory.mktemp("park-chaos")
-    cfg = base_config(tmp, free_port())
-    cfg["local_substrate"]["slots"] = SLOTS
-    cfg["local_substrate"]["faults"] = {"latency_ms": {"SuspendActor": SUSPEND_MS}}
-    cfg["workers"] = {"processes": 1, "lease_ttl_s": 3}
-    running = start_fleet(tmp, cfg)
-    yield running
-    running.stop()
+    faults = {"latency_ms": {"SuspendActor": SUSPEND_MS}}
+    with few_slots_fleet(tmp_path_factory.mktemp("park-chaos"), SLOTS, faults=faults) as fleet:
+        yield fleet
 
 
 def _call(name: str, **arguments: Any) -> dict[str, Any]:
@@ -46,13 +40,6 @@ def _base(sid: str) -> str:
 def _resume(fleet: RunningFleet, sid: str) -> httpx.Response:
     with fleet.client() as c:
         return c.post(f"{_base(sid)}/resume")
-
-
-def _wait(cond: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_worker_killed_mid_park_loses_nothing_and_holds_no_slot(slow_park_fleet: RunningFleet) -> None:
@@ -73,7 +60,7 @@ def test_worker_killed_mid_park_loses_nothing_and_holds_no_slot(slow_park_fleet:
             def parking() -> bool:
                 return any(c.get(_base(s)).json()["state"] == "suspending" for s in sids[:SLOTS])
 
-            _wait(parking, 30, "a pressure park in flight")
+            wait_until(parking, "a pressure park in flight")
             workers = [pid for role, pid in fleet.children().items() if role.startswith("worker-")]
             assert workers, "no worker process found"
             for pid in workers:
@@ -92,7 +79,7 @@ def test_worker_killed_mid_park_loses_nothing_and_holds_no_slot(slow_park_fleet:
         def no_slot_held() -> bool:
             return c.get("/v1/capacity").json()["workers"]["busy"] == 0
 
-        _wait(no_slot_held, 30, "every slot to be free")
+        wait_until(no_slot_held, "every slot to be free")
         assert {c.get(_base(s)).json()["suspended_by"] for s in sids} == {"client"}
 
 

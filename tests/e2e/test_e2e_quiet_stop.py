@@ -17,7 +17,7 @@ import httpx
 import pytest
 from test_e2e_async import ASYNC, bash, resume
 
-from tests.e2e.conftest import ClientThreads, RunningFleet, base_config, free_port, start_fleet
+from tests.e2e.conftest import ClientThreads, RunningFleet, base_config, free_port, start_fleet, wait_until
 
 #: Client threads, each on its own session, alternating a sync call and an async one with a callback.
 SESSIONS = 6
@@ -87,13 +87,6 @@ class Load(ClientThreads):
 
 
 
-def _wait(condition: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def _tracebacks(fleet: RunningFleet) -> list[str]:
     """The fleet's output and every log file under its state dir that shows a traceback."""
     logs = [fleet.log_path, *fleet.state_dir.rglob("*.log")]
@@ -116,8 +109,8 @@ def test_a_stop_under_load_exits_0_without_a_traceback(
     try:
         # given the fleet is busy: sync calls answered, async calls' webhooks delivered
         with Load(fleet, receiver.url) as load:
-            _wait(lambda: receiver.delivered >= WARM_DELIVERIES and load.answers >= WARM_ANSWERS,
-                  "the load to get going")
+            wait_until(lambda: receiver.delivered >= WARM_DELIVERIES and load.answers >= WARM_ANSWERS,
+                       "the load to get going", 120)
             # when it is told to stop while that goes on
             stop(fleet)
             fleet.process.wait(120)

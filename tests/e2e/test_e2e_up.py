@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.conftest import RunningFleet, base_config, free_port, start_fleet
+from tests.e2e.conftest import RunningFleet, base_config, free_port, start_fleet, wait_until
 
 
 def _niceness(pid: int) -> int:
@@ -26,15 +26,6 @@ def _restarted(fleet: RunningFleet, before: dict[str, int], role: str) -> bool:
     """The killed `role` process is gone and a new one took its place."""
     now = fleet.children()
     return before[role] not in now.values() and len(now) == len(before)
-
-
-def _wait(cond: object, timeout_s: float = 30, what: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():  # type: ignore[operator]
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _ready(fleet: RunningFleet) -> bool:
@@ -83,8 +74,8 @@ def _supervision_and_clean_stop(fleet: RunningFleet, tmp_path: Path) -> None:
     # when any child is SIGKILLed, then it is noticed and restarted
     for role in ("worker-w0", "api-0", "reconciler"):
         os.kill(roles[role], signal.SIGKILL)
-        _wait(lambda r=role: _restarted(fleet, roles, r), what=f"{role} restart")
-    _wait(lambda: _ready(fleet), what="api ready again")
+        wait_until(lambda r=role: _restarted(fleet, roles, r), f"{role} restart")
+    wait_until(lambda: _ready(fleet), "api ready again")
     assert "restarting" in fleet.log()
     _redis_outage_is_a_503(fleet)
     # when Ctrl-C, then every process ends and no lock is left

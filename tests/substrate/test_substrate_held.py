@@ -215,27 +215,52 @@ async def test_a_full_disk_keeps_the_held_files_in_their_slot_until_they_are_wri
     h = await start_substrate(slots=1, frozen_max=1, sandbox="bwrap")
     await _parked(h, "hd-full-a")
     await _parked(h, "hd-full-b")
-    write = Control._checkpoint
-    full = True
-
-    def checkpoint(self: Control, *args: Any) -> Any:
-        if full:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return write(self, *args)
-
-    monkeypatch.setattr(Control, "_checkpoint", checkpoint)
+    disk = _FullDisk(monkeypatch)
 
     # when c's resume needs a's slot while the disk is full, then a's slot keeps its files
-    await h.actor("hd-full-c")
-    with pytest.raises(NoFreeWorkers):
-        await h.client.resume_actor(ATESPACE, "hd-full-c")
-    slot = next(s for s in _control(h).slots.slots if s.actor == "hd-full-a")
+    slot = await _evicted_while_full(h, "hd-full")
     assert slot.holding and not slot.running and slot.process is None
     assert _record(h, "hd-full-a").held == slot.name
 
     # and a's own resume says so until the disk has room, then restores them
     with pytest.raises(Exception, match="No space left"):
         await h.client.resume_actor(ATESPACE, "hd-full-a")
-    full = False
+    disk.full = False
     await _resumes_with(h, "hd-full-a", "saved\n")
     assert not _record(h, "hd-full-a").held
+
+
+async def test_clearing_everything_frees_a_slot_holding_files(
+    start_substrate: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = await start_substrate(slots=1, frozen_max=1, sandbox="bwrap")
+    await _parked(h, "hd-clr-a")
+    await _parked(h, "hd-clr-b")
+    _FullDisk(monkeypatch)
+    slot = await _evicted_while_full(h, "hd-clr")
+    _control(h).debug_clear()
+    await _until(lambda: not slot.actor and not slot.holding)
+
+
+class _FullDisk:
+    """Every snapshot write fails with ENOSPC while `full`."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.full = True
+        write = Control._checkpoint
+
+        def checkpoint(control: Control, *args: Any) -> Any:
+            if self.full:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return write(control, *args)
+
+        monkeypatch.setattr(Control, "_checkpoint", checkpoint)
+
+
+async def _evicted_while_full(h: Harness, prefix: str) -> Any:
+    """`<prefix>-c`'s resume, which needs the slot of the frozen `<prefix>-a`: refused, the slot
+    keeping a's files; that slot."""
+    await h.actor(f"{prefix}-c")
+    with pytest.raises(NoFreeWorkers):
+        await h.client.resume_actor(ATESPACE, f"{prefix}-c")
+    return next(s for s in _control(h).slots.slots if s.actor == f"{prefix}-a")
