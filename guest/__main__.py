@@ -72,7 +72,7 @@ def _use_pidfd_watcher() -> None:
         watcher.attach_loop(asyncio.get_running_loop())
 
 
-def _not_dumpable() -> None:
+def not_dumpable() -> None:
     """PR_SET_DUMPABLE 0: same-uid processes (the tenant's commands) cannot ptrace this process or
     open its /proc files; execve resets it, so commands the guest spawns are unaffected."""
     try:
@@ -82,7 +82,7 @@ def _not_dumpable() -> None:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    _not_dumpable()
+    not_dumpable()
     _use_pidfd_watcher()
     os.makedirs(args.workspace, exist_ok=True)
     os.makedirs(args.state_dir, mode=0o700, exist_ok=True)

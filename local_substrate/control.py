@@ -63,6 +63,7 @@ from local_substrate.slots import Slot, SlotPool, UidBlock
 from local_substrate.snapshots import HOST_ERRNOS, SnapshotLimits, SnapshotStore, measure, restore_snapshot
 from local_substrate.store import ActorRecord, Status, Store
 from local_substrate.trees import MODES_CHANGED
+from local_substrate.zygote import Zygote
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -121,6 +122,8 @@ class Control:
         self._frozen_min_available = config.local_substrate.frozen_min_available_mb << 20
         self.snapshots = SnapshotStore(layout.snapshots)
         self.golden = GoldenSnapshots(layout, level, self.cgroups, uids)
+        #: Guests are forked from it where bwrap makes the sandboxes (local_substrate/zygote.py).
+        self.zygote = Zygote(layout.logs / "zygote.log") if level == "bwrap" else None
         self._templates = {t.name for t in config.local_substrate.templates} | {
             e.template for e in config.environments
         }
@@ -173,6 +176,8 @@ class Control:
         for slot, outcome in zip(busy, outcomes, strict=True):
             if isinstance(outcome, Exception):
                 log.error("stopping %s failed: %s", slot.name, outcome)
+        if self.zygote is not None:
+            await self.zygote.close()
         self.store.close()
         self.cgroups.remove_all()
 
@@ -469,7 +474,7 @@ class Control:
             # A new incarnation, as after any resume: an address cached before the suspend no
             # longer connects (the bound socket moves; the guest keeps serving it).
             self._layout.socket(slot.name, frozen_run).rename(self._layout.socket(slot.name, rec.run_id))
-            await asyncio.to_thread(frozen.thaw, process.pid)
+            await asyncio.to_thread(frozen.thaw, *process.roots())
         except BaseException:
             await self._stop_process(slot, kill=True)
             rec = self.store.update(rec.evolve(slot=""))  # stays RESUMING, as a resume that failed midway
@@ -525,7 +530,7 @@ class Control:
             if victim is not None:
                 await self._evict(victim)
             return False
-        return await asyncio.to_thread(frozen.freeze, process.pid)
+        return await asyncio.to_thread(frozen.freeze, *process.roots())
 
     async def _drop_checkpoint(self, rec: ActorRecord) -> ActorRecord:
         """Upstream's resume of an actor a failed suspend left in transit: the slot's files are
@@ -550,7 +555,7 @@ class Control:
         await asyncio.to_thread(self._restore, slot, source)
         spec = sandbox_spec(self._layout, self.cgroups, rec.name, slot.dirs, template, skills)
         sock = self._layout.socket(slot.name, rec.run_id)
-        slot.process = await start_guest(self.level, spec, rec.name, sock)
+        slot.process = await start_guest(self.level, spec, rec.name, sock, self.zygote)
 
     @staticmethod
     def _restore(slot: Slot, source: Path | None) -> None:
@@ -744,7 +749,7 @@ class Control:
         process = slot.process
         if process is None:
             return
-        rc = await process.proc.wait()
+        rc = await process.ended()
         if slot.stopping:
             return
         holder = self._holder(slot)

@@ -47,9 +47,9 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def tree(root: int) -> list[int]:
-    """`root` and every descendant, parents before children."""
-    seen = [root]
+def tree(*roots: int) -> list[int]:
+    """`roots` and every descendant, parents before children."""
+    seen = list(roots)
     i = 0
     while i < len(seen):
         seen += [c for c in _children(seen[i]) if c not in seen]
@@ -74,8 +74,8 @@ def _state(pid: int) -> str:
     return stat[stat.rfind(")") + 2 : stat.rfind(")") + 3]
 
 
-def freeze(root: int) -> bool:
-    """SIGSTOP `root`'s whole tree, top down, until every process found has stopped and a last
+def freeze(*roots: int) -> bool:
+    """SIGSTOP the whole trees of `roots`, top down, until every process found has stopped and a last
     walk finds no other. A process sent SIGSTOP runs no more user code, but a fork already inside
     the kernel completes, and one of the tree not stopped yet may SIGCONT another (it is stopped
     again): only once all show stopped can the tree neither grow nor wake. False when it kept
@@ -83,7 +83,7 @@ def freeze(root: int) -> bool:
     stopped: set[int] = set()
     deadline = time.monotonic() + STOP_TIMEOUT_S
     for _ in range(MAX_ROUNDS):
-        fresh = [p for p in tree(root) if p not in stopped]
+        fresh = [p for p in tree(*roots) if p not in stopped]
         for pid in fresh:
             _signal(pid, signal.SIGSTOP)
             stopped.add(pid)
@@ -98,9 +98,9 @@ def freeze(root: int) -> bool:
     return False
 
 
-def thaw(root: int) -> None:
-    """SIGCONT `root`'s whole tree."""
-    for pid in tree(root):
+def thaw(*roots: int) -> None:
+    """SIGCONT the whole trees of `roots`."""
+    for pid in tree(*roots):
         _signal(pid, signal.SIGCONT)
 
 

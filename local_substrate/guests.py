@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import time
 from pathlib import Path
@@ -20,6 +21,9 @@ from local_substrate.cgroups import Cgroups
 from local_substrate.layout import Layout
 from local_substrate.sandbox import SandboxProcess, SandboxSpec, python_executable, start_sandbox, view
 from local_substrate.slots import SlotDirs
+from local_substrate.zygote import Zygote, ZygoteError, start_zygote_guest
+
+log = logging.getLogger(__name__)
 
 #: Seconds a guest may take from spawn to a 200 on /readyz.
 READY_TIMEOUT_S = 30.0
@@ -69,15 +73,18 @@ def sandbox_spec(
     )
 
 
+def guest_args(level: str, spec: SandboxSpec, actor: str) -> list[str]:
+    """The guest's options but its socket's."""
+    v = view(level, spec)
+    args = ["--actor", actor, "--workspace", v.workspace, "--state-dir", v.state]
+    return args + (["--skills-dir", v.skills[0]] if v.skills else [])
+
+
 def guest_command(level: str, spec: SandboxSpec, actor: str, listen_fd: int) -> list[str]:
     """The guest's argv; `listen_fd` is its listening socket, open at that number in the sandbox."""
-    v = view(level, spec)
-    boot = GUEST_BOOT.format(path=list(v.code_path))
-    cmd = [python_executable(), *PYTHON_FLAGS, "-c", boot, "--fd", str(listen_fd), "--actor", actor]
-    cmd += ["--workspace", v.workspace, "--state-dir", v.state]
-    if v.skills:
-        cmd += ["--skills-dir", v.skills[0]]
-    return cmd
+    boot = GUEST_BOOT.format(path=list(view(level, spec).code_path))
+    args = ["--fd", str(listen_fd), *guest_args(level, spec, actor)]
+    return [python_executable(), *PYTHON_FLAGS, "-c", boot, *args]
 
 
 def listen_socket(path: Path) -> socket.socket:
@@ -125,16 +132,29 @@ async def wait_ready(process: SandboxProcess, sock: Path, timeout_s: float = REA
     raise GuestStartError(f"guest not ready after {timeout_s:.0f} s")
 
 
-async def start_guest(level: str, spec: SandboxSpec, actor: str, sock_path: Path) -> SandboxProcess:
+async def _from_zygote(zygote: Zygote, spec: SandboxSpec, actor: str, fd: int) -> SandboxProcess | None:
+    """The guest forked from the zygote; None (logged) when the zygote failed: then it is run."""
+    try:
+        return await start_zygote_guest(zygote, spec, guest_args("bwrap", spec, actor), fd)
+    except ZygoteError as e:
+        log.warning("guest of %s: the zygote failed (%s); starting its own interpreter", actor, e)
+        return None
+
+
+async def start_guest(
+    level: str, spec: SandboxSpec, actor: str, sock_path: Path, zygote: Zygote | None = None
+) -> SandboxProcess:
     """Start the guest of `actor` in a sandbox, serving on `sock_path`; returns once it serves,
-    kills it on failure."""
+    kills it on failure. With a `zygote` (bwrap only), forked from it rather than run."""
     listener = listen_socket(sock_path)
     try:
         # Our copy is closed once spawned: when the guest exits, connecting is refused instead of
         # queueing on a socket nobody serves.
         with contextlib.closing(listener):
             fd = listener.fileno()
-            process = await start_sandbox(level, spec, guest_command(level, spec, actor, fd), (fd,))
+            process = await _from_zygote(zygote, spec, actor, fd) if zygote is not None else None
+            if process is None:
+                process = await start_sandbox(level, spec, guest_command(level, spec, actor, fd), (fd,))
     except BaseException:
         sock_path.unlink(missing_ok=True)
         raise

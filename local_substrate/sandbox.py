@@ -27,9 +27,11 @@ import asyncio
 import compileall
 import logging
 import os
+import select
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -111,10 +113,9 @@ class View:
 
 def view(level: str, spec: SandboxSpec) -> View:
     if level == "none":
-        code_root = str(Path(guest.__file__ or "").parent.parent)
         return View(
             str(spec.workspace), str(spec.state), str(spec.tmp), tuple(str(h) for h, _ in spec.skills),
-            (code_root, sysconfig.get_path("purelib")),
+            host_code_path(),
         )  # fmt: skip
     skills = tuple(inner for _, inner in spec.skills)
     return View(WORKSPACE, STATE_DIR, "/tmp", skills, (CODE_DIR, SITE_PACKAGES_DIR))
@@ -152,6 +153,17 @@ def _python_dirs() -> list[str]:
     return [] if base.startswith("/usr/") else [base]
 
 
+def host_code_path() -> tuple[str, str]:
+    """Where our code (guest/, common/) and its third-party packages are importable from on the
+    host."""
+    return str(Path(guest.__file__ or "").parent.parent), sysconfig.get_path("purelib")
+
+
+def code_moves() -> dict[str, str]:
+    """Host dir -> where a sandbox sees it, for host_code_path() and every code mount."""
+    return {host_code_path()[0]: CODE_DIR, **dict(_mounted_code())}
+
+
 def python_executable() -> str:
     """The real interpreter (not the venv's symlink), so it resolves inside the sandbox."""
     return os.path.realpath(sys.executable)
@@ -162,7 +174,7 @@ def _mounted_code() -> list[tuple[str, str]]:
     return [*_code_dirs(), (sysconfig.get_path("purelib"), SITE_PACKAGES_DIR)]
 
 
-def _env(v: View) -> dict[str, str]:
+def environment(v: View) -> dict[str, str]:
     """The command's whole environment: nothing of the fleet's. (The guest runs Python isolated,
     so no PYTHON* variable could steer it anyway; it gives its commands a minimal env of its own.)"""
     return {"PATH": SANDBOX_PATH, "HOME": v.workspace, "TMPDIR": v.tmp, "LANG": "C.UTF-8"}
@@ -203,11 +215,19 @@ def _shm_bytes(lim: TemplateLimits) -> int:
     return max(1, lim.memory_mb // SHM_SHARE) << 20
 
 
+def rlimits(lim: TemplateLimits) -> dict[str, list[int]]:
+    """Every sandbox process's rlimits: resource name -> [soft, hard]."""
+    values = {
+        "RLIMIT_AS": lim.memory_mb << 20, "RLIMIT_NPROC": lim.max_pids,
+        "RLIMIT_FSIZE": lim.file_size_mb << 20, "RLIMIT_NOFILE": lim.open_files,
+        "RLIMIT_CPU": lim.cpu_s, "RLIMIT_CORE": 0,
+    }  # fmt: skip
+    return {name: [value, value] for name, value in values.items()}
+
+
 def _rlimits(lim: TemplateLimits) -> list[str]:
-    return [
-        f"--as={lim.memory_mb << 20}", f"--nproc={lim.max_pids}", f"--fsize={lim.file_size_mb << 20}",
-        f"--nofile={lim.open_files}", f"--cpu={lim.cpu_s}", "--core=0",
-    ]  # fmt: skip
+    """rlimits() as prlimit's options (--as=N sets soft and hard)."""
+    return [f"--{name[7:].lower()}={soft}" for name, (soft, _) in rlimits(lim).items()]
 
 
 def _drop_privileges(spec: SandboxSpec, command: list[str]) -> list[str]:
@@ -254,7 +274,7 @@ def bwrap_argv(spec: SandboxSpec, command: list[str]) -> list[str]:
         a += ["--ro-bind", str(h), inner]
     # Read-only root: as a normal user bwrap's root tmpfs would belong to the tenant's uid.
     a += ["--remount-ro", "/", "--chdir", WORKSPACE]
-    for k, val in _env(v).items():
+    for k, val in environment(v).items():
         a += ["--setenv", k, val]
     return [*a, "--", *_drop_privileges(spec, command)]
 
@@ -341,7 +361,7 @@ def unshare_argv(spec: SandboxSpec, command: list[str]) -> list[str]:
 
 def _env_argv(level: str, spec: SandboxSpec) -> list[str]:
     v = view(level, spec)
-    return ["env", "-i", f"--chdir={v.workspace}", *(f"{k}={val}" for k, val in _env(v).items())]
+    return ["env", "-i", f"--chdir={v.workspace}", *(f"{k}={val}" for k, val in environment(v).items())]
 
 
 def none_argv(spec: SandboxSpec, command: list[str]) -> list[str]:
@@ -461,7 +481,7 @@ def detect_level(requested: str) -> str:
     raise SandboxUnavailable(f"sandbox level {requested!r}: {tried} does not work here; {INSTALL_HINT}")
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
     try:
         return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except (OSError, ValueError):
@@ -475,6 +495,22 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
+async def readable(fd: int | socket.socket) -> None:
+    """Until `fd` is readable: data, its end, a peer gone, or (a pidfd) its process exited."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
+
+
 class SandboxProcess:
     """A started sandbox; `stop` ends it gracefully, `kill` at once."""
 
@@ -482,21 +518,61 @@ class SandboxProcess:
         self.level = level
         self.spec = spec
         self.proc = proc
+        #: (host pid, pidfd) of a guest the zygote started (local_substrate/zygote.py): its
+        #: process tree is not the launcher's.
+        self.guest: tuple[int, int] | None = None
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
+    def _guest_pid(self) -> int | None:
+        """The zygote guest's pid while it lives (its pidfd turns readable once it exited)."""
+        if self.guest is None or select.select([self.guest[1]], [], [], 0)[0]:
+            return None
+        return self.guest[0]
+
+    def roots(self) -> list[int]:
+        """The roots of the sandbox's process trees: the launcher, and a zygote guest."""
+        guest_pid = self._guest_pid()
+        return [self.pid] if guest_pid is None else [self.pid, guest_pid]
+
     def _init_pid(self) -> int | None:
-        kids = _children(self.pid)
+        kids = children(self.pid)
         return kids[0] if kids else None
+
+    async def ended(self) -> int | None:
+        """Until the sandbox ends: its launcher exits (its status), or a zygote's guest does
+        (None), whatever the sandbox's waiter does then: its tenant may have stopped it."""
+        if self.guest is None:
+            return await self.proc.wait()
+        waits = {asyncio.ensure_future(self.proc.wait()), asyncio.ensure_future(readable(self.guest[1]))}
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        return self.proc.returncode
 
     def _command_pid(self) -> int | None:
         if self.level == "none":
             return self.pid
         init = self._init_pid()
-        kids = _children(init) if init else []
+        kids = children(init) if init else []
         return kids[0] if kids else None
+
+    def _terminate(self) -> bool:
+        """SIGTERM the command (a zygote's guest through its pidfd); False when there is none."""
+        if self.guest is not None:
+            try:
+                signal.pidfd_send_signal(self.guest[1], signal.SIGTERM)
+            except ProcessLookupError:
+                return False
+            return True
+        target = self._command_pid()
+        if target:
+            _signal(target, signal.SIGTERM)
+        return target is not None
 
     def kill(self) -> None:
         """SIGKILL everything: the namespace init, which takes its namespace with it, then the
@@ -519,11 +595,9 @@ class SandboxProcess:
     async def stop(self, grace_s: float) -> None:
         """SIGTERM the command, wait up to `grace_s`, then SIGKILL whatever is left."""
         if self.proc.returncode is None:
-            target = self._command_pid()
-            if target:
-                _signal(target, signal.SIGTERM)
+            if self._terminate():
                 # A frozen sandbox (local_substrate/frozen.py) gets it only once continued.
-                frozen.thaw(self.pid)
+                frozen.thaw(*self.roots())
             try:
                 await asyncio.wait_for(self.proc.wait(), timeout=grace_s)
             except TimeoutError:
@@ -540,6 +614,9 @@ class SandboxProcess:
             await self.proc.wait()
         if self.spec.cgroup is not None:
             await self.spec.cgroup.wait_empty()
+        if self.guest is not None:
+            os.close(self.guest[1])
+            self.guest = None
 
 
 async def start_sandbox(

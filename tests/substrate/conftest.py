@@ -89,6 +89,15 @@ class Harness:
         assert slot.process is not None
         return slot.process.pid
 
+    def sandbox_roots(self, actor: str) -> list[int]:
+        """The roots of the process trees of `actor`'s sandbox: its launcher, and at the bwrap
+        level the guest the zygote forked (local_substrate/zygote.py)."""
+        control = self.server.control
+        assert control is not None
+        slot = next(s for s in control.slots.slots if s.actor == actor)
+        assert slot.process is not None
+        return slot.process.roots()
+
     async def close(self, suspend_running: bool = True) -> None:
         for g in self.guests:
             await g.aclose()

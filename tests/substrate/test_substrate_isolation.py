@@ -300,7 +300,7 @@ async def test_guest_code_socket_and_memory_are_out_of_reach(start_substrate: St
         "rm -rf /opt/atefleet/guest 2>/dev/null; test -e /opt/atefleet/guest/__main__.py || echo REMOVED; "
         "find / -type s -not -path '/proc/*' 2>/dev/null; "
         # (the pattern is built at run time, so this shell's own command line does not match it)
-        "pat=run_; pat=${pat}module; echo pid1 $(ls -l /proc/1/fd 2>/dev/null | grep -c socket); "
+        "pat=sys.mod; pat=${pat}ules; echo pid1 $(ls -l /proc/1/fd 2>/dev/null | grep -c socket); "
         "for p in /proc/[2-9]* /proc/1[0-9]*; do if grep -q $pat $p/cmdline 2>/dev/null; then "
         "echo guest $(ls -l $p/fd/ 2>/dev/null | grep -c socket) "
         "$(cat $p/environ > /dev/null 2>&1 && echo ENVIRON || echo closed); fi; done"))
