@@ -9,17 +9,18 @@ the waiter's namespaces (setns on a pidfd of it, every namespace bwrap made) and
 in them (so the guest is in the sandbox's pid namespace); the child exits at once and the guest is
 reparented to the zygote, which the kernel reaps for (SIGCHLD ignored).
 
-Before it runs any guest code the guest makes itself what bwrap and setpriv would have made it:
-its own session, the sandbox's cwd, environment, rlimits, stdio on the slot's log; then no
-capability in any set (bounding and ambient too), no_new_privs, and as root the slot's uid with no
-supplementary group. It then checks all of that in /proc/self/status and that its root is the
-waiter's, and exits without serving if anything differs. Its modules were imported from the host's
-paths, which do not exist in the sandbox: sys.path and every package's search path are moved to
-where the sandbox mounts them, so a later import finds the same files.
+Before it runs any guest code the guest checks that its namespaces (every kind) and its root are
+the waiter's, as the server saw them; then it makes itself what bwrap, setpriv and prlimit would
+have made it: its own session, the sandbox's cwd, environment and rlimits, stdio on the slot's
+log, no capability in any set (bounding and ambient too), no_new_privs, and as root the slot's uid
+with no supplementary group, all checked in /proc/self/status. It exits without serving if
+anything differs. Its modules were imported from the host's paths, which do not exist in the
+sandbox: sys.path and every package's search path are moved to where the sandbox mounts them, so
+a later import finds the same files.
 
-The guest keeps the write end of a pipe whose read end the waiter blocks on: when the guest exits,
-the waiter does, and bwrap with it, which is how the server sees a guest end (as when bwrap runs
-the guest itself).
+The guest holds the write end of a pipe the waiter reads: when the guest exits, the waiter does,
+and bwrap with it, as when bwrap runs the guest itself. The server also watches the guest's pidfd,
+since the tenant (the waiter's uid) can stop the waiter.
 
 Protocol, on a SOCK_SEQPACKET socket: a request is one JSON message with the fds [pidfd of the
 waiter, listening socket, log, the pipe's write end]; the reply is JSON `{"pid": N}` (the guest's
@@ -109,16 +110,15 @@ def drop_privileges(uid: int | None) -> None:
     _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
 
 
-def check_dropped(uid: int, changed: bool) -> None:
-    """Raise unless /proc/self/status shows no capability, no_new_privs, `uid` in every slot and
-    (when the uid was `changed`) no supplementary group."""
+def check_dropped(uid: int | None) -> None:
+    """Raise unless /proc/self/status shows no capability and no_new_privs; and for a changed
+    `uid`, it as every uid and gid and no supplementary group (else every uid and gid alike)."""
     fields = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
     wrong = [k for k, v in DROPPED.items() if int(fields[k].strip(), 16) != v]
-    if {int(u) for u in fields["Uid"].split()} != {uid} or {int(g) for g in fields["Gid"].split()} != {
-        os.getgid()
-    }:
+    uids, gids = ({int(i) for i in fields[k].split()} for k in ("Uid", "Gid"))
+    if len(uids) != 1 or len(gids) != 1 or (uid is not None and uids | gids != {uid}):
         wrong.append("Uid/Gid")
-    if changed and fields["Groups"].strip():
+    if uid is not None and fields["Groups"].strip():
         wrong.append("Groups")
     if wrong:
         raise PermissionError(f"guest privileges not dropped: {', '.join(wrong)}")
@@ -150,22 +150,25 @@ def become_guest(request: dict[str, Any], listen: int, log: int, death: int) -> 
         guest_main.not_dumpable()  # first: the tenant's commands run as this uid
         os.setsid()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        root = os.stat("/")
-        if [root.st_dev, root.st_ino] != request["root"]:
-            raise PermissionError("the guest's root is not its sandbox's")
-        # Above every target first, so no move overwrites an fd still to be moved.
+        # Stdio on the slot's log first, so what follows reports there. Every fd is moved above
+        # every target first, so no move overwrites one still to be moved.
         null = os.open("/dev/null", os.O_RDWR)
         high = [fcntl.fcntl(f, fcntl.F_DUPFD_CLOEXEC, 64) for f in (null, log, listen, death)]
         null, log, listen, death = high
         for fd, target in ((null, 0), (log, 1), (log, 2), (listen, LISTEN_FD), (death, DEATH_FD)):
             os.dup2(fd, target, inheritable=target != DEATH_FD)
         os.closerange(DEATH_FD + 1, os.sysconf("SC_OPEN_MAX"))
+        root = os.stat("/")
+        if [root.st_dev, root.st_ino] != request["root"]:
+            raise PermissionError("the guest's root is not its sandbox's")
+        joined = {name: os.stat(f"/proc/self/ns/{name}").st_ino for name in NAMESPACES}
+        if joined != request["namespaces"]:
+            raise PermissionError("the guest is not in every namespace of its sandbox")
         os.chdir(request["cwd"])
         for name, soft_hard in request["rlimits"].items():
             resource.setrlimit(getattr(resource, name), tuple(soft_hard))
         drop_privileges(request["uid"])
-        uid = request["uid"]
-        check_dropped(os.getuid() if uid is None else uid, uid is not None)
+        check_dropped(request["uid"])
         os.environ.clear()
         os.environ.update(request["env"])
         rehome(request["moves"])

@@ -18,7 +18,9 @@ Inside a sandbox (bwrap and unshare levels):
 The process tree is `launcher (host pid P) -> namespace init (pid 1) -> command (pid 2)`: bwrap's
 own init, or for `unshare` a shell that forwards SIGTERM and reaps orphans. Stopping sends SIGTERM
 to the command, waits the grace period, then SIGKILLs the namespace init, which takes every
-process of the namespace with it.
+process of the namespace with it. At the bwrap level the command is a waiter and the guest, forked
+from the zygote into the sandbox's namespaces, is a tree apart (`SandboxProcess.guest`,
+local_substrate/zygote.py).
 """
 
 from __future__ import annotations

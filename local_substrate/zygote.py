@@ -22,6 +22,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from guest.zygote import NAMESPACES
 from local_substrate.sandbox import (
     LAUNCH_ENV,
     OOM_SCORE_ADJ,
@@ -163,11 +164,13 @@ async def start_zygote_guest(
         pidfd = os.pidfd_open(waiters[0])
         opened.append(pidfd)
         root = os.stat(f"/proc/{waiters[0]}/root")
+        namespaces = {name: os.stat(f"/proc/{waiters[0]}/ns/{name}").st_ino for name in NAMESPACES}
         log_fd = os.open(spec.log_path, os.O_WRONLY | os.O_APPEND)
         opened.append(log_fd)
         v = view("bwrap", spec)
         request = {
-            "waiter_pid": waiters[0], "root": [root.st_dev, root.st_ino], "cwd": v.workspace,
+            "waiter_pid": waiters[0], "root": [root.st_dev, root.st_ino], "namespaces": namespaces,
+            "cwd": v.workspace,
             "env": environment(v), "argv": argv, "uid": spec.uid if os.geteuid() == 0 else None,
             "rlimits": rlimits(spec.limits), "oom_score_adj": OOM_SCORE_ADJ,
             "cgroup_procs": spec.cgroup.procs_files if spec.cgroup else [], "moves": code_moves(),

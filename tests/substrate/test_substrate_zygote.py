@@ -189,3 +189,19 @@ async def test_a_zygote_that_cannot_start_guests_costs_none(
     assert _process(h, "zg-f").guest is None
     assert (await h.bash(a, "echo works"))["output"] == "works\n"
     assert (await h.client.suspend_actor(ATESPACE, "zg-f")).status is ActorStatus.SUSPENDED
+
+
+async def test_a_guest_that_is_not_where_the_server_saw_its_sandbox_does_not_serve(
+    start_substrate: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a server that saw one namespace of the sandbox fewer than the guest finds itself in
+    # (as if the waiter had been swapped for another process between the two looks)
+    monkeypatch.setattr(zygote_module, "NAMESPACES", {k: v for k, v in NAMESPACES.items() if k != "net"})
+    h = await start_substrate(slots=1, sandbox="bwrap")
+    await h.actor("zg-n")
+
+    # then the guest exits before it serves, and the resume fails saying so
+    with pytest.raises(Exception, match="exited"):
+        await h.client.resume_actor(ATESPACE, "zg-n")
+    logs = Path(h.config.state_dir) / "local-substrate" / "logs"
+    assert "not in every namespace of its sandbox" in "".join(p.read_text() for p in logs.glob("slot-*.log"))
