@@ -68,6 +68,12 @@ class Zygote:
         self._sock: socket.socket | None = None
         self._lock = asyncio.Lock()
 
+    @property
+    def pid(self) -> int | None:
+        """The zygote's pid while it runs."""
+        running = self._process is not None and self._process.returncode is None
+        return self._process.pid if running and self._process is not None else None
+
     async def _started(self) -> socket.socket:
         if self._sock is not None and self._process is not None and self._process.returncode is None:
             return self._sock
