@@ -150,6 +150,8 @@ class LocalSubstrate:
         self.control = Control(self.config, self.layout, self.level, uids, nproc_own)
         self.isolation = isolation_report(self.config, self.level, self.control.cgroups.mode, nproc_own)
         self.control.recover()
+        if self.control.zygote is not None:
+            await self.control.zygote.start()
         self._server = grpc.aio.server(interceptors=[TokenAuth(read_or_make_token(self.layout.token))])
         servicer = ControlServicer(self.control, self.control.faults)
         pb_grpc.add_ControlServicer_to_server(servicer, self._server)  # type: ignore[no-untyped-call]

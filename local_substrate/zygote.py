@@ -8,7 +8,7 @@ pipe the waiter blocks on; the zygote's reply is the guest's pid and a pidfd of 
 else about the sandbox (stopping, killing, freezing, seeing it end) works on bwrap as before, plus
 the guest's own process tree (`SandboxProcess.guest`).
 
-The zygote is started on first use and again after it died; a start it fails is a failed guest
+The zygote is started with the server and again after it died; a start it fails is a failed guest
 start, like a guest that exits before it is ready.
 """
 
@@ -41,12 +41,13 @@ from local_substrate.sandbox import (
 
 log = logging.getLogger(__name__)
 
-#: How the zygote starts: our code from the host's paths (not the sandbox's), then its loop. The
-#: paths come in its environment, not its argv: every guest shows the zygote's argv to the tenant.
+#: How the zygote starts: the collector off before anything is imported (guest/zygote.py,
+#: `serve`), our code from the host's paths (not the sandbox's), then its loop. The paths come in
+#: its environment, not its argv: every guest shows the zygote's argv to the tenant.
 CODE_PATH_ENV = "ATEFLEET_CODE_PATH"
 ZYGOTE_BOOT = (
-    f"import os, sys; sys.modules['ssl'] = None; sys.path[:0] = os.environ['{CODE_PATH_ENV}'].split(':'); "
-    "import guest.zygote; guest.zygote.main()"
+    "import gc; gc.disable(); import os, sys; sys.modules['ssl'] = None; "
+    f"sys.path[:0] = os.environ['{CODE_PATH_ENV}'].split(':'); import guest.zygote; guest.zygote.main()"
 )
 #: Seconds a sandbox's waiter may take to run, and the zygote to answer.
 READY_TIMEOUT_S = 30.0
@@ -73,6 +74,11 @@ class Zygote:
         """The zygote's pid while it runs."""
         running = self._process is not None and self._process.returncode is None
         return self._process.pid if running and self._process is not None else None
+
+    async def start(self) -> None:
+        """Start it ahead of the first guest: its imports then overlap whatever comes before."""
+        async with self._lock:
+            await self._started()
 
     async def _started(self) -> socket.socket:
         if self._sock is not None and self._process is not None and self._process.returncode is None:
