@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import local_substrate.zygote as zygote_module
-from common.substrate import ActorStatus
+from common.substrate import Actor, ActorStatus
 from guest.zygote import DEATH_FD, LISTEN_FD, NAMESPACES
 from local_substrate.control import Control
 from local_substrate.sandbox import SandboxProcess
@@ -60,13 +60,19 @@ async def _until(check: object, timeout_s: float = 10.0) -> None:
         await asyncio.sleep(0.05)
 
 
-async def test_a_forked_guest_is_what_setpriv_and_prlimit_would_make_it(start_substrate: Start) -> None:
+async def _forked(start_substrate: Start, name: str) -> tuple[Harness, Actor, SandboxProcess, int]:
+    """A local Substrate of one bwrap slot running `name`: its sandbox and the forked guest's pid."""
     h = await start_substrate(slots=1, sandbox="bwrap")
-    await h.actor("zg-a")
-    a = await h.running("zg-a")
-    process = _process(h, "zg-a")
+    await h.actor(name)
+    actor = await h.running(name)
+    process = _process(h, name)
     assert process.guest is not None
-    guest, waiter = process.guest[0], _waiter(process)
+    return h, actor, process, process.guest[0]
+
+
+async def test_a_forked_guest_is_what_setpriv_and_prlimit_would_make_it(start_substrate: Start) -> None:
+    h, a, process, guest = await _forked(start_substrate, "zg-a")
+    waiter = _waiter(process)
     slot = next(s for s in _control(h).slots.slots if s.actor == "zg-a")
 
     # then it is in every namespace of its sandbox and its root is the sandbox's (readable from
@@ -107,12 +113,7 @@ async def test_a_forked_guest_is_what_setpriv_and_prlimit_would_make_it(start_su
 
 
 async def test_the_tenant_sees_no_zygote_no_host_path_and_none_of_its_fds(start_substrate: Start) -> None:
-    h = await start_substrate(slots=1, sandbox="bwrap")
-    await h.actor("zg-t")
-    a = await h.running("zg-t")
-    process = _process(h, "zg-t")
-    assert process.guest is not None
-    guest = process.guest[0]
+    h, a, _, guest = await _forked(start_substrate, "zg-t")
     ends = {os.readlink(f"/proc/{guest}/fd/{fd}") for fd in (LISTEN_FD, DEATH_FD)} if ROOT else set()
     code_root = str(Path(zygote_module.__file__).resolve().parent.parent)
     out = await h.bash(a, (
