@@ -184,6 +184,27 @@ async def test_a_park_of_a_tree_a_snapshot_would_not_keep_exactly_writes_it_then
     await _resumes_with(h, "hd-fifo", "saved\n")
 
 
+async def test_a_park_of_files_the_tenant_made_unreadable_keeps_them_and_their_mode(
+    start_substrate: Start,
+) -> None:
+    # (root reads them, so the park holds them; a normal user's fleet reads them only by changing
+    # their mode, which a frozen tree must not see, so the park writes the snapshot then)
+    h = await start_substrate(slots=1, frozen_max=2, sandbox="bwrap")
+    await h.actor("hd-000")
+    a = await h.running("hd-000")
+    await h.bash(a, "echo saved > f; echo secret > s; chmod 000 s")
+    await h.client.suspend_actor(ATESPACE, "hd-000", park=True)
+
+    rec = _record(h, "hd-000")
+    if os.geteuid() == 0:
+        assert rec.held and not _snapshots(h, rec)
+    else:
+        assert not rec.held and _snapshots(h, rec)
+    a = await h.running("hd-000")
+    out = await h.bash(a, "cat f; stat -c %a s; chmod 600 s; cat s")
+    assert out["output"] == "saved\n0\nsecret\n"
+
+
 async def test_a_park_over_the_templates_limits_is_refused_as_before(start_substrate: Start) -> None:
     h = await start_substrate(
         slots=1, frozen_max=2, sandbox="bwrap", templates=[{"name": TEMPLATE, "limits": {"workspace_mb": 2}}]
