@@ -2,7 +2,9 @@
 
 Measures resume and suspend latency (p50/p99) for 1 MB and 50 MB workspaces, the first resume of
 a template (golden-snapshot bake), and sessions cycled per second (resume, one command, suspend)
-through N slots. Targets: warm resume p50 <= 150 ms and suspend p50 <= 250 ms at 1 MB.
+through N slots. Targets: warm resume p50 <= 150 ms and suspend p50 <= 250 ms at 1 MB. Also the
+memory of N running sandboxes (PSS of all their processes, the guest zygote's included, after a
+few calls each; reading it needs root, null otherwise).
 
 Twice, in one run: with sandboxes never kept frozen (`frozen_max: 0`: every resume restores the
 snapshot into a new sandbox; the figures without a prefix, comparable with earlier runs), then
@@ -37,6 +39,7 @@ from common.config import Config, parse_config  # noqa: E402
 from common.guest_client import GuestClient  # noqa: E402
 from common.routing import LocalGuestRouter  # noqa: E402
 from common.substrate import Actor, NoFreeWorkers, SubstrateClient, make_substrate_client  # noqa: E402
+from local_substrate import frozen  # noqa: E402
 from local_substrate.server import LocalSubstrate  # noqa: E402
 
 ATESPACE = "bench"
@@ -91,6 +94,35 @@ async def cycle(config: Config, client: SubstrateClient, name: str, park: bool) 
     await client.suspend_actor(ATESPACE, name, park=park)
 
 
+def pss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+
+
+async def sandboxes_pss_mb(
+    config: Config, client: SubstrateClient, server: LocalSubstrate, n: int
+) -> float | None:
+    """PSS of `n` running sandboxes (every process of each, and the zygote), after five calls each,
+    in MB per sandbox; None where another process's smaps cannot be read (not root)."""
+    control = server.control
+    assert control is not None
+    for i in range(n):
+        await client.create_actor(ATESPACE, f"mem{i}", TEMPLATE)
+        actor = await client.resume_actor(ATESPACE, f"mem{i}")
+        for _ in range(5):
+            await bash(config, actor, "true")
+    pids = [p for s in control.slots.slots if s.process for p in frozen.tree(*s.process.roots())]
+    pids += [control.zygote.pid] if control.zygote and control.zygote.pid else []
+    try:
+        total = sum(pss_kb(p) for p in pids)
+    except PermissionError:
+        return None
+    finally:
+        for i in range(n):
+            await client.suspend_actor(ATESPACE, f"mem{i}")
+    return round(total / 1024 / n, 1)
+
+
 async def throughput(
     config: Config, client: SubstrateClient, sessions: int, slots: int, rounds: int, park: bool = False
 ) -> float:
@@ -132,6 +164,7 @@ async def run(args: argparse.Namespace, frozen: bool) -> dict[str, Any]:
         small = await latency(config, client, "one-mb", 1, args.rounds)
         big = await latency(config, client, "fifty-mb", 50, max(5, args.rounds // 3))
         per_s = await throughput(config, client, args.sessions, args.slots, rounds=2 if frozen else 1)
+        pss = None if frozen else await sandboxes_pss_mb(config, client, server, args.slots)
         parks: dict[str, float] = {}
         if frozen:
             small_park = await latency(config, client, "one-mb-park", 1, args.rounds, park=True)
@@ -160,6 +193,7 @@ async def run(args: argparse.Namespace, frozen: bool) -> dict[str, Any]:
         "suspend_p99_ms_50mb": round(big["suspend_p99"], 1),
         "golden_first_resume_ms": round(golden_ms, 1),
         "sessions_cycled_per_s": round(per_s, 2),
+        "sandbox_pss_mb": pss,
         "slots": args.slots,
         "sandbox": server.level,
         **parks,
@@ -186,7 +220,8 @@ def main() -> None:
         print(f"{size:>5}: resume p50 {f['resume_p50']} ms, p99 {f['resume_p99']} ms;"
               f" suspend p50 {f['suspend_p50']} ms, p99 {f['suspend_p99']} ms")  # fmt: skip
     print(f"golden first resume: {figures['golden_first_resume_ms']} ms")
-    print(f"sessions cycled: {figures['sessions_cycled_per_s']}/s")
+    print(f"sessions cycled: {figures['sessions_cycled_per_s']}/s; "
+          f"memory per running sandbox (PSS): {figures['sandbox_pss_mb']} MB")
     f = {k.removeprefix("frozen_"): v for k, v in figures.items() if k.startswith("frozen_")}
     print(f"frozen: resume p50 {f['resume_p50_ms_1mb']} ms (1 MB), {f['resume_p50_ms_50mb']} ms (50 MB);"
           f" suspend p50 {f['suspend_p50_ms_1mb']} ms; cycled {f['sessions_cycled_per_s']}/s")  # fmt: skip
