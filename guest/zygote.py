@@ -22,10 +22,8 @@ The guest holds the write end of a pipe the waiter reads: when the guest exits, 
 and bwrap with it, as when bwrap runs the guest itself. The server also watches the guest's pidfd,
 since the tenant (the waiter's uid) can stop the waiter.
 
-Protocol, on a SOCK_SEQPACKET socket: a request is one JSON message with the fds [pidfd of the
-waiter, listening socket, log, the pipe's write end]; the reply is JSON `{"pid": N}` (the guest's
-host pid) with the guest's pidfd, or `{"error": "..."}`. Requests are served one at a time; an
-empty read (the server closed its end) ends the zygote.
+Requests (common/zygote_protocol.py) are served one at a time; an empty read (the server closed
+its end) ends the zygote.
 """
 
 from __future__ import annotations
@@ -45,6 +43,7 @@ from typing import Any
 
 # Imported here so that every guest forked finds them loaded (the point of a zygote).
 import guest.__main__ as guest_main
+from common.zygote_protocol import DEATH_FD, LISTEN_FD, NAMESPACES
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _PR_SET_KEEPCAPS = 8
@@ -54,14 +53,6 @@ _PR_SET_CHILD_SUBREAPER = 36
 _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
-#: setns() flag of each namespace, by its name under /proc/PID/ns.
-NAMESPACES = {
-    "user": 0x10000000, "mnt": 0x00020000, "pid": 0x20000000, "net": 0x40000000,
-    "ipc": 0x08000000, "uts": 0x04000000, "cgroup": 0x02000000,
-}  # fmt: skip
-#: Fd numbers the guest gets: its listening socket (its `--fd`) and the waiter's pipe.
-LISTEN_FD = 3
-DEATH_FD = 4
 #: Seconds the zygote waits for a forked child to report the guest's pid.
 CHILD_REPORT_S = 10.0
 #: Lines of /proc/self/status that must read exactly so in a guest (Uid is checked apart).

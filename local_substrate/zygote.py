@@ -22,7 +22,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from guest.zygote import NAMESPACES
+from common.zygote_protocol import NAMESPACES
 from local_substrate.sandbox import (
     LAUNCH_ENV,
     OOM_SCORE_ADJ,

@@ -15,7 +15,7 @@ import pytest
 
 import local_substrate.zygote as zygote_module
 from common.substrate import Actor, ActorStatus
-from guest.zygote import DEATH_FD, LISTEN_FD, NAMESPACES
+from common.zygote_protocol import DEATH_FD, LISTEN_FD, NAMESPACES
 from local_substrate.control import Control
 from local_substrate.sandbox import SandboxProcess
 from local_substrate.zygote import Zygote
