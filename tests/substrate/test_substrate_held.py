@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from common.substrate import NoFreeWorkers
+from common.substrate import Actor, NoFreeWorkers
 from local_substrate import frozen
 from local_substrate.control import Control
 from local_substrate.store import ActorRecord
@@ -54,6 +54,16 @@ async def _parked(h: Harness, name: str, content: str = "saved") -> int:
     rec = _record(h, name)
     assert rec.held and not _snapshots(h, rec)
     return pid
+
+
+async def _parked_after(start_substrate: Start, name: str, command: str) -> tuple[Harness, int, Actor]:
+    """A one-slot local Substrate where `name` ran `command` and was parked: it, the pid of the
+    sandbox, and the park's answer."""
+    h = await start_substrate(slots=1, frozen_max=2, sandbox="bwrap")
+    await h.actor(name)
+    await h.bash(await h.running(name), command)
+    pid = h.sandbox_pid(name)
+    return h, pid, await h.client.suspend_actor(ATESPACE, name, park=True)
 
 
 async def _resumes_with(h: Harness, name: str, expected: str) -> None:
@@ -170,12 +180,7 @@ async def test_a_park_of_a_tree_a_snapshot_would_not_keep_exactly_writes_it_then
     start_substrate: Start,
 ) -> None:
     # a FIFO: left out of every snapshot, so the frozen sandbox (which has it) is not kept
-    h = await start_substrate(slots=1, frozen_max=2, sandbox="bwrap")
-    await h.actor("hd-fifo")
-    a = await h.running("hd-fifo")
-    await h.bash(a, "echo saved > f; mkfifo pipe")
-    pid = h.sandbox_pid("hd-fifo")
-    parked = await h.client.suspend_actor(ATESPACE, "hd-fifo", park=True)
+    h, pid, parked = await _parked_after(start_substrate, "hd-fifo", "echo saved > f; mkfifo pipe")
 
     rec = _record(h, "hd-fifo")
     assert not rec.held and parked.dropped_count == 1 and parked.snapshot_bytes
@@ -189,11 +194,7 @@ async def test_a_park_of_files_the_tenant_made_unreadable_keeps_them_and_their_m
 ) -> None:
     # (root reads them, so the park holds them; a normal user's fleet reads them only by changing
     # their mode, which a frozen tree must not see, so the park writes the snapshot then)
-    h = await start_substrate(slots=1, frozen_max=2, sandbox="bwrap")
-    await h.actor("hd-000")
-    a = await h.running("hd-000")
-    await h.bash(a, "echo saved > f; echo secret > s; chmod 000 s")
-    await h.client.suspend_actor(ATESPACE, "hd-000", park=True)
+    h, _, _ = await _parked_after(start_substrate, "hd-000", "echo saved > f; echo secret > s; chmod 000 s")
 
     rec = _record(h, "hd-000")
     if os.geteuid() == 0:
