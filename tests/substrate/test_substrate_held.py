@@ -234,13 +234,8 @@ async def test_deleting_a_parked_actor_drops_the_files_it_held(start_substrate: 
 async def test_a_full_disk_keeps_the_held_files_in_their_slot_until_they_are_written(
     start_substrate: Start, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    h = await start_substrate(slots=1, frozen_max=1, sandbox="bwrap")
-    await _parked(h, "hd-full-a")
-    await _parked(h, "hd-full-b")
-    disk = _FullDisk(monkeypatch)
-
     # when c's resume needs a's slot while the disk is full, then a's slot keeps its files
-    slot = await _evicted_while_full(h, "hd-full")
+    h, disk, slot = await _evicted_while_full(start_substrate, monkeypatch, "hd-full")
     assert slot.holding and not slot.running and slot.process is None
     assert _record(h, "hd-full-a").held == slot.name
 
@@ -255,11 +250,7 @@ async def test_a_full_disk_keeps_the_held_files_in_their_slot_until_they_are_wri
 async def test_clearing_everything_frees_a_slot_holding_files(
     start_substrate: Start, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    h = await start_substrate(slots=1, frozen_max=1, sandbox="bwrap")
-    await _parked(h, "hd-clr-a")
-    await _parked(h, "hd-clr-b")
-    _FullDisk(monkeypatch)
-    slot = await _evicted_while_full(h, "hd-clr")
+    h, _, slot = await _evicted_while_full(start_substrate, monkeypatch, "hd-clr")
     _control(h).debug_clear()
     await _until(lambda: not slot.actor and not slot.holding)
 
@@ -279,10 +270,17 @@ class _FullDisk:
         monkeypatch.setattr(Control, "_checkpoint", checkpoint)
 
 
-async def _evicted_while_full(h: Harness, prefix: str) -> Any:
-    """`<prefix>-c`'s resume, which needs the slot of the frozen `<prefix>-a`: refused, the slot
-    keeping a's files; that slot."""
+async def _evicted_while_full(
+    start_substrate: Start, monkeypatch: pytest.MonkeyPatch, prefix: str
+) -> tuple[Harness, _FullDisk, Any]:
+    """One slot and one frozen sandbox more, `<prefix>-a` and `-b` parked, then the disk full:
+    `<prefix>-c`'s resume, which needs a's slot, is refused, the slot keeping a's files. The
+    server, the full disk and that slot."""
+    h = await start_substrate(slots=1, frozen_max=1, sandbox="bwrap")
+    await _parked(h, f"{prefix}-a")
+    await _parked(h, f"{prefix}-b")
+    disk = _FullDisk(monkeypatch)
     await h.actor(f"{prefix}-c")
     with pytest.raises(NoFreeWorkers):
         await h.client.resume_actor(ATESPACE, f"{prefix}-c")
-    return next(s for s in _control(h).slots.slots if s.actor == f"{prefix}-a")
+    return h, disk, next(s for s in _control(h).slots.slots if s.actor == f"{prefix}-a")

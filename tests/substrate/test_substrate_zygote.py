@@ -137,10 +137,22 @@ async def test_the_tenant_sees_no_zygote_no_host_path_and_none_of_its_fds(start_
     assert env["stdout"] == "closed\n"
 
 
-@pytest.mark.parametrize("waiter", ["as is", "stopped by the tenant"])
+#: What the tenant does to the waiter first: stop it, or open a writer of the pipe it reads (its
+#: own, through /proc) and keep it in a process of its own, so the pipe never ends.
+TAMPERING = {
+    "as is": "true",
+    "stopped by the tenant": "kill -STOP 2",
+    "its pipe held open by the tenant": (
+        "n=$(tr '\\0' '\\n' < /proc/2/cmdline | sed -n 's|.*/proc/self/fd/||p'); "
+        "(exec 9> /proc/2/fd/$n; sleep 300) > /dev/null 2>&1 & sleep 0.2"
+    ),
+}
+
+
+@pytest.mark.parametrize("waiter", list(TAMPERING))
 async def test_a_guest_that_exits_ends_its_sandbox(start_substrate: Start, waiter: str) -> None:
-    # given a guest the tenant kills (its own uid may), after stopping the waiter (which would
-    # see the guest's pipe close) or not: the server watches the guest itself
+    # given a guest the tenant kills (its own uid may), after tampering with the waiter (which
+    # would see the guest's pipe close) or not: the server watches the guest itself
     h = await start_substrate(slots=1, frozen_max=0, sandbox="bwrap")
     await h.actor("zg-x")
     a = await h.running("zg-x")
@@ -149,8 +161,7 @@ async def test_a_guest_that_exits_ends_its_sandbox(start_substrate: Start, waite
     a = await h.running("zg-x")
     process = _process(h, "zg-x")
     assert process.guest is not None
-    if waiter != "as is":
-        await h.bash(a, "kill -STOP 2")
+    await h.bash(a, TAMPERING[waiter])
     os.kill(process.guest[0], signal.SIGKILL)
 
     # then the sandbox ends, its slot is freed, and the actor falls back to its snapshot
