@@ -81,7 +81,7 @@ class Zygote:
             await self._started()
 
     async def _started(self) -> socket.socket:
-        if self._sock is not None and self._process is not None and self._process.returncode is None:
+        if self._sock is not None and self.pid is not None:
             return self._sock
         await self._close()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -101,7 +101,9 @@ class Zygote:
         async with self._lock:
             sock = await self._started()
             try:
-                _send(sock, json.dumps(request).encode(), fds)
+                # Small: the socket's buffer always takes it, and no second one is sent before
+                # the first's reply.
+                socket.send_fds(sock, [json.dumps(request).encode()], fds)
                 reply, got = await asyncio.wait_for(_receive(sock), READY_TIMEOUT_S)
             except (OSError, TimeoutError) as e:
                 await self._close()
@@ -128,12 +130,6 @@ class Zygote:
     async def close(self) -> None:
         async with self._lock:
             await self._close()
-
-
-def _send(sock: socket.socket, message: bytes, fds: list[int]) -> None:
-    """One request: small, so the socket's buffer always takes it (the zygote reads one at a
-    time and a second is never sent before the first's reply)."""
-    socket.send_fds(sock, [message], fds)
 
 
 async def _receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
@@ -181,6 +177,8 @@ async def start_zygote_guest(
         opened.append(log_fd)
         v = view("bwrap", spec)
         request = {
+            # (the forked child reads the waiter's namespaces itself, the guest checks they are
+            # these: two looks, so one that saw a process other than the waiter is caught)
             "waiter_pid": waiters[0], "root": [root.st_dev, root.st_ino], "namespaces": namespaces,
             "cwd": v.workspace,
             "env": environment(v), "argv": argv, "uid": spec.uid if os.geteuid() == 0 else None,
