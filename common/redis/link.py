@@ -213,6 +213,8 @@ class _Protocol(asyncio.Protocol):
                 future.set_exception(error)
 
     def close(self) -> None:
+        # Closed from now on: a command sent before `connection_lost` runs fails at once.
+        self.closed = True
         if self._transport is not None:
             self._transport.close()
 
@@ -267,9 +269,13 @@ class RedisLink:
         raise connection_failed(f"subscription to {channel} lost")
 
     async def aclose(self) -> None:
-        if self._connecting is not None:
-            self._connecting.cancel()
-            self._connecting = None
+        connecting, self._connecting = self._connecting, None
+        if connecting is not None:
+            if not connecting.done():
+                connecting.cancel()
+            elif not connecting.cancelled() and connecting.exception() is None:
+                # Connected, but the calls waiting for it have not run yet: they get it closed.
+                connecting.result().close()
         if self._protocol is not None:
             self._protocol.close()
             self._protocol = None

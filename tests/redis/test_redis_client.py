@@ -252,7 +252,21 @@ async def test_aclose_ends_blocked_calls(redis_url: str) -> None:
     assert await client.ping()
     await client.aclose()
     with pytest.raises(RedisConnectionError):
-        await blocked
+        await asyncio.wait_for(blocked, 5)
+
+
+async def test_aclose_just_after_a_blocking_call_connected_ends_that_call(redis_url: str) -> None:
+    # The connect is done but the call waiting for it has not run yet: the connection it is about
+    # to use is one `aclose` must close too (else the call blocks on it forever).
+    client = RedisClient.from_url(redis_url)
+    blocked = asyncio.create_task(client.blpop(["never"], 0))
+    await asyncio.sleep(0)
+    [link] = client._busy_blocking
+    while link._connecting is None or not link._connecting.done():
+        await asyncio.sleep(0)
+    await client.aclose()
+    with pytest.raises(RedisConnectionError):
+        await asyncio.wait_for(blocked, 5)
 
 
 @pytest.mark.parametrize("timeout_s", [0.0001, 0.001, 0.0015, 0.002, 0.01])
