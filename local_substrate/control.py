@@ -166,6 +166,9 @@ class Control:
 
     async def close(self, suspend_running: bool = True) -> None:
         """Finish running operations, snapshot running actors (or not), stop every sandbox."""
+        # From now on a suspend stops its sandbox: one kept frozen would outlive this server, its
+        # processes running as uids the next server on this host may take.
+        self.keeps_frozen = False
         if self._ops:
             await asyncio.wait(set(self._ops), timeout=60)
         busy = [s for s in self.slots.slots if s.process is not None]

@@ -151,6 +151,27 @@ async def test_a_tenant_cannot_keep_running_while_frozen(start_substrate: Start,
 
 @needs_freezing
 @pytest.mark.parametrize("level", SANDBOX_LEVELS)
+async def test_a_server_that_stops_leaves_none_of_its_sandboxes_behind(
+    start_substrate: Start, level: str
+) -> None:
+    # given a running actor with a background process, and one frozen by a suspend
+    h = await _start(start_substrate, level, slots=2)
+    await _saved_and_suspended(h, "fz-frozen")
+    await h.actor("fz-running")
+    a = await h.running("fz-running")
+    await h.bash(a, "echo saved > f; sleep 300 > /dev/null 2>&1 < /dev/null &")
+    pids = frozen.tree(*h.sandbox_roots("fz-frozen"), *h.sandbox_roots("fz-running"))
+    # when the server stops, snapshotting the running actor (a suspend that could keep it frozen)
+    await h.close()
+    # then every process of both sandboxes is gone: their uids go back to the next server
+    assert all(_stopped_for_good(pid) for pid in pids)
+    h = await _start(start_substrate, level, slots=2)
+    await _resumes_with_its_file(h, "fz-running")
+    await _resumes_with_its_file(h, "fz-frozen")
+
+
+@needs_freezing
+@pytest.mark.parametrize("level", SANDBOX_LEVELS)
 async def test_a_frozen_sandbox_that_dies_frees_its_slot(start_substrate: Start, level: str) -> None:
     # given a frozen actor whose sandbox the host kills (the OOM killer, an operator)
     h = await _start(start_substrate, level)

@@ -255,13 +255,14 @@ async def test_sandboxes_share_one_cpu_weight(start_substrate: Start) -> None:
     a = await h.client.resume_actor(ATESPACE, "a")
     await h.bash(a, "sleep 30 > /dev/null 2>&1 < /dev/null &")
     uid = h.server.control.slots.get(a.pod_name).uid  # type: ignore[union-attr]
-    groups = {}
+    groups = {}  # pid: (its cpu cgroup's parent, its command line), which a failure shows
     for pid in _slot_processes(uid):
         lines = (x.split(":", 2) for x in Path(f"/proc/{pid}/cgroup").read_text().splitlines())
         path = next(p for _, controllers, p in lines if "cpu" in controllers.split(","))
-        groups[pid] = (path, Path(f"/proc/{pid}/cmdline").read_bytes())
-    assert len({path.rsplit("/", 1)[0] for path, _ in groups.values()}) == 1, groups
-    [parent] = {path.rsplit("/", 1)[0] for path, _ in groups.values()}
+        groups[pid] = (path.rsplit("/", 1)[0], Path(f"/proc/{pid}/cmdline").read_bytes())
+    parents = {parent for parent, _ in groups.values()}
+    assert len(parents) == 1, groups
+    [parent] = parents
     assert parent.startswith("/atefleet-")
     assert Path(f"/sys/fs/cgroup/cpu{parent}/cpu.shares").read_text().strip() == str(25 * 1024 // 100)
 
