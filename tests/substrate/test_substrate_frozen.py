@@ -17,7 +17,7 @@ import pytest
 
 from common.guest_client import GuestClient, GuestUnavailable
 from common.routing import LocalGuestRouter
-from common.substrate import ActorStatus
+from common.substrate import Actor, ActorStatus
 from local_substrate import frozen, server
 from tests.conftest import SANDBOX_LEVELS
 from tests.substrate.conftest import ATESPACE, UNSANDBOXED, Harness, Start, needs_freezing
@@ -34,11 +34,17 @@ def _states(roots: list[int]) -> set[str]:
     return {frozen._state(p) for p in frozen.tree(*roots)}
 
 
-async def _saved_and_suspended(h: Harness, name: str) -> int:
-    """Create and resume `name`, write "saved" to `f`, suspend it; the pid of its sandbox."""
+async def _saved(h: Harness, name: str) -> Actor:
+    """Create and resume `name`, write "saved" to `f`."""
     await h.actor(name)
     a = await h.running(name)
     await h.bash(a, "echo saved > f")
+    return a
+
+
+async def _saved_and_suspended(h: Harness, name: str) -> int:
+    """`_saved`, then suspend it; the pid of its sandbox."""
+    await _saved(h, name)
     pid = h.sandbox_pid(name)
     await h.client.suspend_actor(ATESPACE, name)
     return pid
@@ -94,9 +100,7 @@ async def test_an_evicted_frozen_actor_comes_back_from_its_snapshot(
     # given one worker and room for one frozen sandbox more (two slots in all), and two actors
     # resumed after a's suspend
     h = await _start(start_substrate, level, frozen_max=1)
-    await h.actor("ev-a")
-    a = await h.running("ev-a")
-    await h.bash(a, "echo saved > f")
+    await _saved(h, "ev-a")
     pid = h.sandbox_pid("ev-a")
     await h.client.suspend_actor(ATESPACE, "ev-a")
     for other in ("ev-b", "ev-c"):  # b takes the empty slot; c needs a's
@@ -157,9 +161,8 @@ async def test_a_server_that_stops_leaves_none_of_its_sandboxes_behind(
     # given a running actor with a background process, and one frozen by a suspend
     h = await _start(start_substrate, level, slots=2)
     await _saved_and_suspended(h, "fz-frozen")
-    await h.actor("fz-running")
-    a = await h.running("fz-running")
-    await h.bash(a, "echo saved > f; sleep 300 > /dev/null 2>&1 < /dev/null &")
+    a = await _saved(h, "fz-running")
+    await h.bash(a, "sleep 300 > /dev/null 2>&1 < /dev/null &")
     pids = frozen.tree(*h.sandbox_roots("fz-frozen"), *h.sandbox_roots("fz-running"))
     # when the server stops, snapshotting the running actor (a suspend that could keep it frozen)
     await h.close()
