@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import signal
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,8 +67,36 @@ def claim_uid_block(root: Path) -> UidBlock:
         first = UID_FIRST + ((digest + step) % UID_BLOCKS) * UID_BLOCK
         lock = try_lock(UID_LOCKS / str(first))
         if lock is not None:
+            _kill_leftovers(range(first, first + UID_BLOCK))
             return UidBlock(first, lock)
     raise RuntimeError(f"all {UID_BLOCKS} sandbox uid blocks are held by other local substrates")
+
+
+def _kill_leftovers(uids: range) -> None:
+    """SIGKILL every process still running as one of `uids`: a sandbox that outlived the server
+    which held them (none should) must not share a uid with this server's sandboxes. Through a
+    pidfd, so a pid reused since it was read is never signalled."""
+    killed = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            pidfd = os.pidfd_open(int(name))
+        except OSError:
+            continue
+        try:
+            status = Path(f"/proc/{name}/status").read_text()
+            fields = dict(line.partition(":")[::2] for line in status.splitlines())
+            if fields["State"].split()[0] != "Z" and any(int(u) in uids for u in fields["Uid"].split()):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                killed.append(name)
+        except (OSError, KeyError, ValueError):
+            continue
+        finally:
+            os.close(pidfd)
+    if killed:
+        log.warning("killed %d processes left running as uids %d-%d by an earlier server: %s",
+                    len(killed), uids.start, uids.stop - 1, " ".join(killed))  # fmt: skip
 
 
 #: The dirs of a slot that a sandbox sees writable (tmp/ only at level none; `sock` lives apart).

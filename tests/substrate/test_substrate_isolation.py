@@ -12,9 +12,11 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,7 @@ from local_substrate.sandbox import (
     detect_level,
     nproc_counted_per_sandbox,
 )
-from local_substrate.slots import UID_BLOCKS
+from local_substrate.slots import UID_BLOCKS, claim_uid_block
 from tests.conftest import SANDBOX_LEVELS
 from tests.substrate.conftest import ATESPACE, UNSANDBOXED, Harness, Start, start_harness, substrate_config
 
@@ -470,6 +472,36 @@ async def test_local_substrates_whose_state_dirs_hash_alike_get_their_own_uids()
             await again.close()
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_uid_block_is_claimed_without_the_processes_an_earlier_server_left_running(tmp_path: Path) -> None:
+    if not ROOT:
+        pytest.skip("per-slot uids need root: as a normal user every sandbox runs as the fleet's uid")
+    # given a process still running as a uid of the block a state dir gets (a sandbox that outlived
+    # its server), and one running as the uid just below the block
+    block = claim_uid_block(tmp_path)
+    block.release()
+
+    def sleeper(uid: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                                 "sleep", "300"])  # fmt: skip
+
+    leftover, bystander = sleeper(block.slot(3)), sleeper(block.first - 1)
+    try:
+        for p, uid in ((leftover, block.slot(3)), (bystander, block.first - 1)):
+            while f"\t{uid}\t" not in Path(f"/proc/{p.pid}/status").read_text():
+                time.sleep(0.001)  # setpriv has not changed its uid yet
+        # when a server claims that block again
+        again = claim_uid_block(tmp_path)
+        again.release()
+        # then the leftover is gone, and the bystander runs on
+        assert again.first == block.first
+        assert leftover.wait(5) == -signal.SIGKILL
+        assert bystander.poll() is None
+    finally:
+        for p in (leftover, bystander):
+            p.kill()
+            p.wait()
 
 
 def _status(h: Harness) -> dict[str, Any]:
