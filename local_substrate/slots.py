@@ -36,6 +36,8 @@ UID_BLOCKS = 2000
 #: Where a server as root holds an exclusive lock on its block's file while it serves (the kernel
 #: drops it with the process). Root-only: a normal user's sandboxes all run as that user.
 UID_LOCKS = Path("/run/atefleet-uid-blocks")
+#: Where the host lists the ids it has given out (`_host_ids`).
+ETC = Path("/etc")
 
 
 @dataclass
@@ -57,19 +59,43 @@ class UidBlock:
 
 def claim_uid_block(root: Path) -> UidBlock:
     """The block for the state dir `root`: the one its path hashes to (the same across restarts,
-    so its files keep their owners), else the next one no other server holds. A hash alone would
+    so its files keep their owners), else the next one no other server holds; never one whose uids
+    the host has given out (`_host_ids`). A hash alone would
     give two of a few hundred state dirs the same block (birthday odds)."""
     digest = int(hashlib.sha256(str(root).encode()).hexdigest()[:8], 16)
     if os.geteuid() != 0:
         return UidBlock(UID_FIRST + (digest % UID_BLOCKS) * UID_BLOCK)
     UID_LOCKS.mkdir(mode=0o700, exist_ok=True)
+    taken = _host_ids()
     for step in range(UID_BLOCKS):
         first = UID_FIRST + ((digest + step) % UID_BLOCKS) * UID_BLOCK
+        if any(ids.start < first + UID_BLOCK and first < ids.stop for ids in taken):
+            continue
         lock = try_lock(UID_LOCKS / str(first))
         if lock is not None:
             _kill_leftovers(range(first, first + UID_BLOCK))
             return UidBlock(first, lock)
     raise RuntimeError(f"all {UID_BLOCKS} sandbox uid blocks are held by other local substrates")
+
+
+def _host_ids() -> list[range]:
+    """The ids this host has given out: its users and groups, and the subordinate ranges of its
+    users' rootless containers (/etc/subuid, /etc/subgid often reach into the blocks' range). A
+    block that overlaps one is someone else's: its uids must not run sandboxes, nor be killed."""
+    taken = []
+    for name, start, count in (("passwd", 2, None), ("group", 2, None), ("subuid", 1, 2), ("subgid", 1, 2)):
+        try:
+            lines = (ETC / name).read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split(":")
+            try:
+                first = int(fields[start])
+                taken.append(range(first, first + (int(fields[count]) if count else 1)))
+            except (IndexError, ValueError):
+                continue  # a comment, or a line that names no id
+    return taken
 
 
 def _kill_leftovers(uids: range) -> None:

@@ -27,6 +27,7 @@ from common.embedded_redis import EmbeddedRedis
 from common.guest_client import ActorMismatch, GuestClient, GuestUnavailable
 from common.routing import LocalGuestRouter
 from common.substrate import Actor, ActorStatus, SubstrateClient, Unauthenticated
+from local_substrate import slots
 from local_substrate.sandbox import (
     ETC_ENTRIES,
     ETC_GENERATED,
@@ -34,7 +35,7 @@ from local_substrate.sandbox import (
     detect_level,
     nproc_counted_per_sandbox,
 )
-from local_substrate.slots import UID_BLOCKS, claim_uid_block
+from local_substrate.slots import UID_BLOCK, UID_BLOCKS, claim_uid_block
 from tests.conftest import SANDBOX_LEVELS
 from tests.substrate.conftest import ATESPACE, UNSANDBOXED, Harness, Start, start_harness, substrate_config
 
@@ -502,6 +503,28 @@ def test_a_uid_block_is_claimed_without_the_processes_an_earlier_server_left_run
         for p in (leftover, bystander):
             p.kill()
             p.wait()
+
+
+def test_a_uid_block_the_host_gave_out_is_never_claimed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not ROOT:
+        pytest.skip("per-slot uids need root: as a normal user every sandbox runs as the fleet's uid")
+    # given a host whose users' rootless containers hold the uids a state dir's block would have
+    hashed = claim_uid_block(tmp_path)
+    hashed.release()
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "subuid").write_text(f"# rootless containers\nalice:{hashed.first - 100}:65536\n")
+    (etc / "passwd").write_text(f"bob:x:{hashed.first + 65536}:100::/home/bob:/bin/sh\nbad line\n")
+    monkeypatch.setattr(slots, "ETC", etc)
+    # when a server claims a block for that state dir
+    block = claim_uid_block(tmp_path)
+    block.release()
+    # then it is one of none of those uids
+    taken = {*range(hashed.first - 100, hashed.first - 100 + 65536), hashed.first + 65536}
+    assert block.first != hashed.first
+    assert not taken & set(range(block.first, block.first + UID_BLOCK))
 
 
 def _status(h: Harness) -> dict[str, Any]:
