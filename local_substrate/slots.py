@@ -98,25 +98,35 @@ def _host_ids() -> list[range]:
     return taken
 
 
+def running_as(uids: range) -> list[int]:
+    """Every live (not zombie) process running as one of `uids`."""
+    return [int(name) for name in os.listdir("/proc") if name.isdigit() and _runs_as(int(name), uids)]
+
+
+def _runs_as(pid: int, uids: range) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        fields = dict(line.partition(":")[::2] for line in status.splitlines())
+        return fields["State"].split()[0] != "Z" and any(int(u) in uids for u in fields["Uid"].split())
+    except (OSError, KeyError, IndexError, ValueError):
+        return False  # gone meanwhile
+
+
 def _kill_leftovers(uids: range) -> None:
     """SIGKILL every process still running as one of `uids`: a sandbox that outlived the server
-    which held them (none should) must not share a uid with this server's sandboxes. Through a
-    pidfd, so a pid reused since it was read is never signalled."""
+    which held them (none should) must not share a uid with this server's sandboxes."""
     killed = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
+    for pid in running_as(uids):
         try:
-            pidfd = os.pidfd_open(int(name))
+            pidfd = os.pidfd_open(pid)
         except OSError:
             continue
         try:
-            status = Path(f"/proc/{name}/status").read_text()
-            fields = dict(line.partition(":")[::2] for line in status.splitlines())
-            if fields["State"].split()[0] != "Z" and any(int(u) in uids for u in fields["Uid"].split()):
+            # Looked at again through the pidfd's process: a pid reused since is never signalled.
+            if _runs_as(pid, uids):
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                killed.append(name)
-        except (OSError, KeyError, ValueError):
+                killed.append(str(pid))
+        except ProcessLookupError:
             continue
         finally:
             os.close(pidfd)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import shutil
@@ -20,6 +21,7 @@ from common.routing import LocalGuestRouter
 from common.substrate import Actor, ActorStatus, SubstrateClient, make_substrate_client
 from local_substrate.sandbox import nproc_counted_per_sandbox
 from local_substrate.server import LocalSubstrate
+from local_substrate.slots import UID_BLOCK, running_as
 
 ATESPACE = "default"
 TEMPLATE = "default-env-template"
@@ -125,13 +127,21 @@ async def start_harness(config: Config) -> Harness:
 async def start_substrate(state_dir: Path) -> AsyncIterator[Start]:
     """Factory: `await start_substrate(slots=2, sandbox="bwrap", ...)` → a started Harness."""
     started: list[Harness] = []
+    blocks: set[int] = set()  # the first uid of each server's block (root only)
 
     async def start(**local: Any) -> Harness:
         harness = await start_harness(substrate_config(state_dir, **local))
         started.append(harness)
+        if os.geteuid() == 0:
+            blocks.add(json.loads(harness.server.layout.status.read_text())["uid_first"])
         return harness
 
     yield start
     for h in started:
         if h.server.running:
             await h.close()
+    # Every test checks that its servers ended all their sandboxes: a process left running as a
+    # server's uids would share them with the next server's sandboxes (slots.UID_BLOCK).
+    if blocks:
+        left = [pid for first in blocks for pid in running_as(range(first, first + UID_BLOCK))]
+        assert not left, f"processes outlived their local Substrate: {left}"
