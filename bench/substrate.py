@@ -27,12 +27,14 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import uuid  # noqa: E402
+from collections.abc import AsyncIterator  # noqa: E402
 from typing import Any  # noqa: E402
 
 from common.config import Config, parse_config  # noqa: E402
@@ -142,10 +144,14 @@ async def throughput(
     return sessions / (time.perf_counter() - started)
 
 
-async def run(args: argparse.Namespace, frozen: bool) -> dict[str, Any]:
+@contextlib.asynccontextmanager
+async def serving(
+    slots: int, sandbox: str, frozen: bool
+) -> AsyncIterator[tuple[Config, LocalSubstrate, SubstrateClient]]:
+    """A local Substrate with the bench's template and atespace, and a client of it."""
     state = Path(tempfile.mkdtemp(prefix="lsbench-", dir="/tmp"))
     template = {"name": TEMPLATE, "setup": ["mkdir -p lib && head -c 65536 /dev/urandom > lib/seed.bin"]}
-    local: dict[str, Any] = {"slots": args.slots, "sandbox": args.sandbox, "templates": [template]}
+    local: dict[str, Any] = {"slots": slots, "sandbox": sandbox, "templates": [template]}
     if not frozen:
         local["frozen_max"] = 0
     config = parse_config({
@@ -158,6 +164,22 @@ async def run(args: argparse.Namespace, frozen: bool) -> dict[str, Any]:
     client = make_substrate_client(config, server.address)
     try:
         await client.create_atespace(ATESPACE)
+        yield config, server, client
+    finally:
+        await client.close()
+        await server.stop()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+async def resume_p50_ms(rounds: int = 30, sandbox: str = "auto") -> float:
+    """This bench's headline `resume_p50_ms_1mb` alone (a new sandbox each resume): the baseline
+    bench/overcommit.py measures its wakes against in its own run."""
+    async with serving(1, sandbox, frozen=False) as (config, _, client):
+        return round((await latency(config, client, "one-mb", 1, rounds))["resume_p50"], 1)
+
+
+async def run(args: argparse.Namespace, frozen: bool) -> dict[str, Any]:
+    async with serving(args.slots, args.sandbox, frozen) as (config, server, client):
         await client.create_actor(ATESPACE, "golden", TEMPLATE)
         golden_ms = await timed(client.resume_actor(ATESPACE, "golden"))
         await client.suspend_actor(ATESPACE, "golden")
@@ -178,10 +200,6 @@ async def run(args: argparse.Namespace, frozen: bool) -> dict[str, Any]:
                     await throughput(config, client, args.sessions, args.slots, rounds=2, park=True), 2
                 ),
             }
-    finally:
-        await client.close()
-        await server.stop()
-        shutil.rmtree(state, ignore_errors=True)
     return {
         "resume_p50_ms_1mb": round(small["resume_p50"], 1),
         "resume_p99_ms_1mb": round(small["resume_p99"], 1),
