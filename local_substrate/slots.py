@@ -59,9 +59,9 @@ class UidBlock:
 
 def claim_uid_block(root: Path) -> UidBlock:
     """The block for the state dir `root`: the one its path hashes to (the same across restarts,
-    so its files keep their owners), else the next one no other server holds; never one whose uids
-    the host has given out (`_host_ids`). A hash alone would
-    give two of a few hundred state dirs the same block (birthday odds)."""
+    so its files keep their owners), else the next one no other server holds (a hash alone would
+    give two of a few hundred state dirs the same block: birthday odds); never one whose uids the
+    host has given out (`_host_ids`). Claimed, it is first emptied of leftover processes."""
     digest = int(hashlib.sha256(str(root).encode()).hexdigest()[:8], 16)
     if os.geteuid() != 0:
         return UidBlock(UID_FIRST + (digest % UID_BLOCKS) * UID_BLOCK)

@@ -521,7 +521,7 @@ def test_a_uid_block_the_host_gave_out_is_never_claimed(
     # when a server claims a block for that state dir
     block = claim_uid_block(tmp_path)
     block.release()
-    # then it is one of none of those uids
+    # then none of its uids is one the host gave out
     taken = {*range(hashed.first - 100, hashed.first - 100 + 65536), hashed.first + 65536}
     assert block.first != hashed.first
     assert not taken & set(range(block.first, block.first + UID_BLOCK))
