@@ -381,7 +381,7 @@ class Control:
         that place once the sandbox is stopped, before its snapshot is written (Slot.stilled), so
         a resume then runs alongside that write instead of being refused for it."""
         async with self._places:
-            while self.slots.busy >= self.slots.count and self._stilling:
+            while self._stilling and self.slots.busy >= self.slots.count:
                 await self._places.wait()
 
     def template(self, rec: ActorRecord) -> TemplateConfig:
@@ -477,7 +477,7 @@ class Control:
             # A new incarnation, as after any resume: an address cached before the suspend no
             # longer connects (the bound socket moves; the guest keeps serving it).
             self._layout.socket(slot.name, frozen_run).rename(self._layout.socket(slot.name, rec.run_id))
-            await asyncio.to_thread(frozen.thaw, *process.roots())
+            frozen.thaw(*process.roots())
         except BaseException:
             await self._stop_process(slot, kill=True)
             rec = self.store.update(rec.evolve(slot=""))  # stays RESUMING, as a resume that failed midway
@@ -533,7 +533,7 @@ class Control:
             if victim is not None:
                 await self._evict(victim)
             return False
-        return await asyncio.to_thread(frozen.freeze, *process.roots())
+        return await frozen.freeze(*process.roots())
 
     async def _drop_checkpoint(self, rec: ActorRecord) -> ActorRecord:
         """Upstream's resume of an actor a failed suspend left in transit: the slot's files are

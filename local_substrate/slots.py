@@ -288,8 +288,9 @@ class SlotPool:
 
     @property
     def busy(self) -> int:
-        """Slots running an actor (frozen ones are not)."""
-        return sum(1 for s in self.slots if s.running)
+        """Slots running an actor (frozen ones are not): `Slot.running`, inline (several times per
+        resume, over every slot kept frozen as well)."""
+        return sum(1 for s in self.slots if s.actor and not (s.frozen or s.stilled or s.holding))
 
     @property
     def can_freeze(self) -> bool:

@@ -114,7 +114,13 @@ def _record(row: tuple[object, ...]) -> ActorRecord:
 
 
 class Store:
-    """Synchronous sqlite access; each call is sub-millisecond, so callers use it inline."""
+    """Synchronous sqlite access; each call is sub-millisecond, so callers use it inline.
+
+    Every actor is also kept in memory, written through: this server is the file's only user
+    (it holds the state dir's lock), so a read (several per resume or suspend) needs no query.
+    The file is read once, at open. Two connections, so that a commit without waiting for the
+    disk needs no switching of `synchronous` back and forth: `_db` commits FULL, `_quick` NORMAL.
+    """
 
     def __init__(self, path: Path) -> None:
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -125,9 +131,28 @@ class Store:
         for column, definition in _ADDED_COLUMNS.items():
             if column not in present:
                 self._db.execute(f"ALTER TABLE actors ADD COLUMN {column} {definition}")
+        self._quick = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._quick.execute("PRAGMA synchronous=NORMAL")
+        self._actors: dict[tuple[str, str], ActorRecord] = {}
+        #: Name → (atespace, name): names are unique across atespaces (Control.create_actor).
+        self._names: dict[str, tuple[str, str]] = {}
+        for rec in map(_record, self._db.execute(f"SELECT {_COLUMNS} FROM actors")):
+            self._keep(rec)
 
     def close(self) -> None:
+        self._quick.close()
         self._db.close()
+
+    def _keep(self, rec: ActorRecord) -> None:
+        key = (rec.atespace, rec.name)
+        self._actors[key] = rec
+        self._names.setdefault(rec.name, key)
+
+    def _forget(self, rec: ActorRecord) -> None:
+        key = (rec.atespace, rec.name)
+        self._actors.pop(key, None)
+        if self._names.get(rec.name) == key:
+            del self._names[rec.name]
 
     # -- atespaces --------------------------------------------------------------------------------
 
@@ -152,33 +177,26 @@ class Store:
     # -- actors -----------------------------------------------------------------------------------
 
     def get(self, atespace: str, name: str) -> ActorRecord | None:
-        row = self._db.execute(
-            f"SELECT {_COLUMNS} FROM actors WHERE atespace=? AND name=?", (atespace, name)
-        ).fetchone()
-        return _record(row) if row else None
+        return self._actors.get((atespace, name))
 
     def find_name(self, name: str) -> ActorRecord | None:
         """The actor of that name in any atespace (names are unique across atespaces)."""
-        row = self._db.execute(f"SELECT {_COLUMNS} FROM actors WHERE name=?", (name,)).fetchone()
-        return _record(row) if row else None
+        key = self._names.get(name)
+        return self._actors[key] if key is not None else None
 
     def insert(self, record: ActorRecord) -> None:
         """Raises sqlite3.IntegrityError if the actor exists."""
         self._db.execute(f"INSERT INTO actors({_COLUMNS}) VALUES ({_PLACEHOLDERS})", _row(record))
+        self._keep(record)
 
     def update(self, record: ActorRecord, durable: bool = True) -> ActorRecord:
         """Store `record` (made by `evolve`) if the stored version is the one before it; without
         `durable`, committed without waiting for the disk (see the module's doc)."""
-        values = _row(record)
-        if not durable:
-            self._db.execute("PRAGMA synchronous=NORMAL")
-        try:
-            cur = self._db.execute(_UPDATE, (*values, record.atespace, record.name, record.version - 1))
-        finally:
-            if not durable:
-                self._db.execute("PRAGMA synchronous=FULL")
+        db = self._db if durable else self._quick
+        cur = db.execute(_UPDATE, (*_row(record), record.atespace, record.name, record.version - 1))
         if cur.rowcount != 1:
             raise VersionConflict(f"{record.atespace}/{record.name}")
+        self._keep(record)
         return record
 
     def delete(self, record: ActorRecord) -> bool:
@@ -186,7 +204,10 @@ class Store:
             "DELETE FROM actors WHERE atespace=? AND name=? AND version=?",
             (record.atespace, record.name, record.version),
         )
-        return cur.rowcount == 1
+        if cur.rowcount != 1:
+            return False
+        self._forget(record)
+        return True
 
     def page(self, atespace: str, after: tuple[str, str], limit: int) -> list[ActorRecord]:
         """Up to `limit` actors ordered by (atespace, name), strictly after `after`."""
@@ -198,8 +219,10 @@ class Store:
         return [_record(r) for r in rows]
 
     def all(self) -> list[ActorRecord]:
-        return [_record(r) for r in self._db.execute(f"SELECT {_COLUMNS} FROM actors")]
+        return list(self._actors.values())
 
     def clear(self) -> None:
         self._db.execute("DELETE FROM actors")
         self._db.execute("DELETE FROM atespaces")
+        self._actors.clear()
+        self._names.clear()

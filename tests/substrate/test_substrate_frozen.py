@@ -192,6 +192,39 @@ async def test_a_frozen_sandbox_that_dies_frees_its_slot(start_substrate: Start,
     await _resumes_with_its_file(h, "fz-k")
 
 
+async def test_freezing_a_large_tree_stops_all_of_it_and_lets_the_loop_run_meanwhile() -> None:
+    # given a tree of a hundred processes (as a tenant can make, up to its process limit)
+    proc = await asyncio.create_subprocess_exec(
+        "sh", "-c", "for i in $(seq 100); do sleep 60 & done; echo ready; wait", stdout=asyncio.subprocess.PIPE
+    )
+    assert proc.stdout is not None and await proc.stdout.readline() == b"ready\n"
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0)
+    try:
+        # when it is frozen, on the event loop
+        before = ticks
+        assert await frozen.freeze(proc.pid)
+
+        # then every process of it is stopped, and other work on the loop went on meanwhile: one
+        # sandbox's freeze does not hold up the server's other calls
+        pids = frozen.tree(proc.pid)
+        assert len(pids) == 101 and _states([proc.pid]) <= frozen.STOPPED_STATES
+        assert ticks > before
+    finally:
+        ticker.cancel()
+        for p in reversed(frozen.tree(proc.pid)):
+            os.kill(p, 9)
+        await proc.wait()
+
+
 @pytest.mark.parametrize("frozen_max", [0, 2])
 async def test_without_freezing_or_a_pid_namespace_a_suspend_stops_the_sandbox(
     start_substrate: Start, frozen_max: int
