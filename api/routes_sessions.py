@@ -95,8 +95,16 @@ async def tool_call(fleet: Fleet, headers: Mapping[str, str], body: Callable[[],
                         sync=not wants_async(headers, call.is_async))
 
 
-@router.get("/{sid}", summary="The session's state, actor, activity, queue and processes")
-async def show(fleet: FleetDep, principal: PrincipalDep, env: str, sid: Sid) -> dict[str, Any]:
+@router.get("/{sid}", summary="The session's state, actor, activity, queue and processes",
+            response_model=dict[str, Any], openapi_extra=BEARER_DOC)
+async def show(request: Request, env: str, sid: Sid) -> Response:
+    # Served by api.hot_path, which calls `session` itself; declared here for the OpenAPI document.
+    return await session(request.app.state.fleet, request.headers, env, sid)
+
+
+async def session(fleet: Fleet, headers: Mapping[str, str], env: str, sid: str) -> Response:
+    """The session's view; `headers` by lower-case name."""
+    principal = await caller(fleet, headers)
     environment = fleet.environment(env)
     await check_access(fleet, principal, env, sid, "view")
     info = await session_view(fleet.queue, environment, sid)
@@ -104,7 +112,7 @@ async def show(fleet: FleetDep, principal: PrincipalDep, env: str, sid: Sid) -> 
         raise NotFound(f"session {sid!r} does not exist in {env!r}", environment=env, session=sid)
     if not may_see_session(principal, environment, info["owner"]):
         raise await session_not_found(fleet, principal.id, env, sid, "view")
-    return info
+    return JsonResponse(info)
 
 
 @router.get("", summary="Sessions of an environment, paginated")

@@ -1,5 +1,6 @@
-"""The tool-call route served in front of FastAPI (api/hot_path.py) answers like the rest of the API:
-same validation, same problem+json, same body limit, same documentation."""
+"""The session routes served in front of FastAPI (api/hot_path.py: a tool call, a session's view)
+answer like the rest of the API: same validation, same problem+json, same body limit, same
+documentation."""
 
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ def assert_problem(response: object, status: int, slug: str) -> dict[str, object
 def test_invalid_session_id_is_the_same_422_on_the_hot_route_and_on_fastapi(fleet: RunningFleet) -> None:
     with fleet.client() as c:
         hot = assert_problem(c.post("/v1/environments/my-env/sessions/-bad", json=CALL), 422, "unprocessable")
-        routed = assert_problem(c.get("/v1/environments/my-env/sessions/-bad"), 422, "unprocessable")
+        viewed = assert_problem(c.get("/v1/environments/my-env/sessions/-bad"), 422, "unprocessable")
+        routed = assert_problem(c.post("/v1/environments/my-env/sessions/-bad/resume"), 422, "unprocessable")
     assert hot["errors"][0]["field"] == routed["errors"][0]["field"] == "path.sid"  # type: ignore[index]
+    assert viewed["errors"] == hot["errors"]
     assert hot["instance"] == "/v1/environments/my-env/sessions/-bad"
 
 
@@ -43,6 +46,7 @@ def test_bad_bodies_unknown_environment_and_body_limit(fleet: RunningFleet) -> N
 def test_the_route_is_documented(fleet: RunningFleet) -> None:
     with fleet.client() as c:
         spec = c.get("/openapi.json").json()
-    post = spec["paths"]["/v1/environments/{env}/sessions/{sid}"]["post"]
-    assert post["security"] == [{"HTTPBearer": []}]
-    assert {p["name"] for p in post["parameters"]} == {"env", "sid"}
+    for method in ("post", "get"):
+        route = spec["paths"]["/v1/environments/{env}/sessions/{sid}"][method]
+        assert route["security"] == [{"HTTPBearer": []}]
+        assert {p["name"] for p in route["parameters"]} == {"env", "sid"}

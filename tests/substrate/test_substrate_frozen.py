@@ -195,7 +195,8 @@ async def test_a_frozen_sandbox_that_dies_frees_its_slot(start_substrate: Start,
 async def test_freezing_a_large_tree_stops_all_of_it_and_lets_the_loop_run_meanwhile() -> None:
     # given a tree of a hundred processes (as a tenant can make, up to its process limit)
     proc = await asyncio.create_subprocess_exec(
-        "sh", "-c", "for i in $(seq 100); do sleep 60 & done; echo ready; wait", stdout=asyncio.subprocess.PIPE
+        "sh", "-c", "for i in $(seq 100); do sleep 60 & done; echo ready; wait",
+        stdout=asyncio.subprocess.PIPE,
     )
     assert proc.stdout is not None and await proc.stdout.readline() == b"ready\n"
     ticks = 0
