@@ -278,10 +278,11 @@ class ActorKeeper:
         await self._bind(ctx, actor, probe=not call_follows)
         took_ms = round((time.monotonic() - started) * 1000, 1)
         cold = not session.get("resumed")
-        await ctx.update_session(state="running", actor=name, resumed="1", cold_start="1" if cold else "0",
-                                 last_resume_ms=str(took_ms), last_activity=str(time.time()),
-                                 suspended_by="")
-        await self.capacity.resumed(ctx.job.session)
+        # Together: the session holds a Substrate worker from here until its next park.
+        await asyncio.gather(
+            ctx.update_session(state="running", actor=name, resumed="1", cold_start="1" if cold else "0",
+                               last_resume_ms=str(took_ms), last_activity=str(time.time()), suspended_by=""),
+            self.capacity.resumed(ctx.job.session))
         LIFECYCLE_LATENCY.labels(op="resume_cold" if cold else "resume").observe(took_ms / 1000)
         return {"status": "ok", "cold_start": cold, "duration_ms": took_ms, "actor": name}
 

@@ -102,7 +102,8 @@ class JobHandlers:
 
     async def _park(self, ctx: JobContext, by: SuspendedBy) -> dict[str, Any]:
         env = self.config.environment(ctx.job.environment)
-        session = await ctx.session()
+        # Read together: the session holds a Substrate worker until its park gets there.
+        session, queued = await asyncio.gather(ctx.session(), ctx.peek_next_job())
         if session.get("state") == "suspending" and session.get("suspended_by") in FLEET_PARKS:
             # A park whose worker died midway: finish it (the actor may hold a worker still).
             result = await self.actors.suspend(ctx, force=True, by=SuspendedBy(session["suspended_by"]))
@@ -111,10 +112,12 @@ class JobHandlers:
             env.idle_timeout_s if env else 0)
         last = float(session.get("last_activity") or 0)
         at_end = bool(ctx.job.payload.get("at_end"))
-        if at_end:
+        quiet_s = idle_after_s - (time.time() - last)
+        if at_end and quiet_s > 0:
             # Asked by the session's own call as it ended: it holds the lease, so the quiet it is
             # owed is spent here (a call sent meanwhile waits this long at most, then runs).
-            await asyncio.sleep(max(0.0, idle_after_s - (time.time() - last)))
+            await asyncio.sleep(quiet_s)
+            queued = await ctx.peek_next_job()
         reason = None
         if session.get("state") != "running":
             reason = f"session is {session.get('state', 'new')}"
@@ -123,7 +126,7 @@ class JobHandlers:
         elif not at_end and ((not idle_after_s and by is not SuspendedBy.PRESSURE)
                              or time.time() - last < idle_after_s):
             reason = "session was active since the idle check"
-        elif await ctx.peek_next_job() is not None:
+        elif queued is not None:
             reason = "more work is queued"
         elif env and not env.suspend_with_background and await self.actors.background_processes(ctx, session):
             reason = "background processes are running"
@@ -196,7 +199,9 @@ class JobHandlers:
     async def _session_token(self, ctx: JobContext) -> str:
         """The session's identity token for its actor's current incarnation (see SessionIdentity)."""
         async def owner() -> str:
-            return (await ctx.session()).get("own") or ctx.job.principal
+            # Read by this job already when it resumed the actor (a wake mints a token at once).
+            seen = ctx.last_session if ctx.last_session is not None else await ctx.session()
+            return seen.get("own") or ctx.job.principal
 
         job = ctx.job
         return await self.identity.token(job.environment, job.session_id,

@@ -28,6 +28,9 @@ class JobContext:
         #: Held, folded or streamed, and capped (see common/queue/output.py); the Consumer hands
         #: what is still held to `complete`.
         self.output = JobOutput(queue, lease, job.id, queue.output_limits)
+        #: The session hash as this job last read it (`session()`), None before: for a field the
+        #: job may take as it found it rather than ask Redis again (the owner a token names).
+        self.last_session: dict[str, str] | None = None
         if job.cancel_requested:
             self.cancelled.set()
 
@@ -70,7 +73,8 @@ class JobContext:
     async def session(self) -> dict[str, str]:
         """The session hash as it is now."""
         env, sid = self.job.environment, self.job.session_id
-        return await self.queue.get_session(env, sid) or {}
+        self.last_session = await self.queue.get_session(env, sid) or {}
+        return self.last_session
 
     async def peek_next_job(self) -> JobRecord | None:
         """The next queued job of this session (e.g. to coalesce an auto-resume)."""
