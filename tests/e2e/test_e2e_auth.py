@@ -18,15 +18,20 @@ CALL = {
 def test_wrong_or_missing_token_is_401(auth_fleet: RunningFleet) -> None:
     for token in (None, "not-a-key"):
         with auth_fleet.client(token) as c:
-            r = c.post("/v1/environments/my-env/sessions/s1/resume")
-            assert r.status_code == 401
-            assert r.headers["www-authenticate"].lower().startswith("bearer")
-            assert r.headers["content-type"].startswith("application/problem+json")
+            # a FastAPI route, and the session's tool call and view (served by api/hot_path.py)
+            for r in (c.post("/v1/environments/my-env/sessions/s1/resume"),
+                      c.post("/v1/environments/my-env/sessions/s1", json=CALL),
+                      c.get("/v1/environments/my-env/sessions/s1")):
+                assert r.status_code == 401, r.request
+                assert r.headers["www-authenticate"].lower().startswith("bearer")
+                assert r.headers["content-type"].startswith("application/problem+json")
 
 
 def test_other_environment_is_403(auth_fleet: RunningFleet) -> None:
     with auth_fleet.client(KEY_ALICE) as c:
         r = c.post("/v1/environments/other-env/sessions/s1", json=CALL)
+        assert r.status_code == 403
+        r = c.get("/v1/environments/other-env/sessions/s1")
         assert r.status_code == 403
 
 
