@@ -14,7 +14,7 @@ From the CPU per call after the start-up it gives the call rate that would satur
 the least mean call latency N agents can see at that rate (N / rate - mean think time): when that
 exceeds a target, the machine, not the fleet, misses it.
 
-    .venv/bin/python bench/overcommit.py [--sessions 200] [--calls 10]
+    .venv/bin/python bench/overcommit.py [--sessions 200] [--calls 10] [--worker-processes 1]
 
 Targets: 0 failed, 0 out of order; wake p50 <= 2x bench/substrate.py's resume p50 (a resume that
 starts a new sandbox, 1 MB workspace), which this bench measures first, in the same run
@@ -82,13 +82,16 @@ def pct(values: list[float], q: float) -> float:
     return round(ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))], 1)
 
 
-def fleet_config(tmp: Path) -> dict[str, Any]:
-    """The e2e tests' environments with everything else at its shipped default (8 slots)."""
+def fleet_config(tmp: Path, worker_processes: int) -> dict[str, Any]:
+    """The e2e tests' environments with everything else at its shipped default (8 slots), but
+    `worker_processes` worker processes."""
     cfg = base_config(tmp, free_port())
     templates = cfg["local_substrate"]["templates"]
     for section in ("workers", "reconciler", "jobs", "local_substrate"):
         cfg.pop(section, None)
     cfg["local_substrate"] = {"templates": templates}
+    if worker_processes != 1:
+        cfg["workers"] = {"processes": worker_processes}
     return cfg
 
 
@@ -267,11 +270,13 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=200)
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--worker-processes", type=int, default=1,
+                        help="worker processes (the shipped default is 1)")
     args = parser.parse_args()
     resume_ms = asyncio.run(resume_p50_ms())
     print(f"baseline: bench/substrate.py's resume p50 {resume_ms} ms")
     tmp = Path(tempfile.mkdtemp(prefix="af-oc-"))
-    fleet = start_fleet(tmp, fleet_config(tmp))
+    fleet = start_fleet(tmp, fleet_config(tmp, args.worker_processes))
     try:
         # The agents' client on uvloop, as the fleet's network roles run: it shares the fleet's
         # cores here (a real orchestrator runs elsewhere), so the lighter it is the less it adds
@@ -285,6 +290,7 @@ def main() -> None:
     print(f"targets: 0 failed, 0 out of order, wake p50 <= {TARGET_WAKE_P50_RATIO:g}x the resume p50 "
           f"({TARGET_WAKE_P50_RATIO * resume_ms:.0f} ms; now {ratio:.1f}x), "
           f"call p99 <= {TARGET_CALL_P99_MS:g} ms")
+    figures["overcommit_worker_processes"] = args.worker_processes
     print(json.dumps(figures))
 
 

@@ -48,10 +48,13 @@ from common.substrate import (
 
 log = logging.getLogger("atefleet.worker.actors")
 
-#: A guest that answered this recently is used without asking Substrate again (seconds). Safe
-#: because a cached address names one incarnation of this actor (a local socket path carries its
-#: pod_uid; the cluster router selects by actor name), the guest refuses any other actor, and a
-#: vanished guest makes the caller re-resolve.
+#: A guest that answered this recently is used without asking Substrate again (seconds), in the
+#: lease right after the one it answered in. Each lease of a session takes the next epoch, so no
+#: other worker held the session in between: none suspended it or parked it (a parked sandbox
+#: may be frozen, its socket accepting calls it never answers). A pod that died meanwhile leaves
+#: a vanished guest, which makes the caller re-resolve; a cached address names one incarnation
+#: of this actor (a local socket path carries its pod_uid; the cluster router selects by actor
+#: name), and the guest refuses any other actor.
 GUEST_TRUST_S = 2.0
 #: How often a waiting resume looks at its place (s): the further back, the less often, up to
 #: the maximum. Admitted ones ask Substrate again as soon as this worker finishes a suspend (most
@@ -200,8 +203,8 @@ class ActorKeeper:
     def _trusted(self, ctx: JobContext) -> RunningGuest | None:
         """The cached guest when it is trusted without asking Substrate (see running_guest)."""
         cached = self._guests.get(ctx.job.session)
-        if cached is None or (cached.epoch != ctx.epoch
-                              and time.monotonic() - cached.verified_at >= GUEST_TRUST_S):
+        if cached is None or (cached.epoch != ctx.epoch and (
+                ctx.epoch != cached.epoch + 1 or time.monotonic() - cached.verified_at >= GUEST_TRUST_S)):
             return None
         cached.epoch = ctx.epoch
         self._guests.move_to_end(ctx.job.session)

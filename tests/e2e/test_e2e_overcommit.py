@@ -20,6 +20,7 @@ import pytest
 import zstandard
 
 from common.config import Config, load_config
+from common.guest_client import REQUEST_SLACK_S
 from common.queue.keys import Keys, session_name
 from common.routing import substrate_address
 from common.substrate import make_substrate_client
@@ -330,3 +331,28 @@ def _wait_state(c: httpx.Client, sid: str, ok: Any, timeout_s: float = 20) -> No
             return
         time.sleep(0.02)
     raise AssertionError(f"session {sid} did not reach the state wanted: {c.get(_base(sid)).text}")
+
+
+def test_with_two_worker_processes_no_call_goes_to_a_guest_the_other_parked(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    # A worker uses the guest it used in the session's lease just before without asking
+    # Substrate: no other worker held the session since. A session the other process parked in
+    # between has a frozen sandbox, whose socket takes a call and never answers it: that call
+    # would wait out the guest client's request slack, then wake the session.
+    tmp = tmp_path_factory.mktemp("overcommit-two-workers")
+    with few_slots_fleet(tmp, 1, {"processes": 2}) as fleet, fleet.client() as c:
+        sids = [f"tw-{uuid.uuid4().hex[:8]}-{i}" for i in range(2)]
+        for sid in sids:
+            assert c.post(f"{_base(sid)}/resume").status_code == 200
+        # when two sessions take turns on one slot, each call parking the other (whichever
+        # process runs which)
+        for i in range(12):
+            for sid in sids:
+                began = time.monotonic()
+                r = c.post(_base(sid), json=_call("bash", command=f"echo {i} >> n; tail -1 n"))
+                took_s = time.monotonic() - began
+                # then every call runs, in order, and none waited on a frozen guest
+                assert r.status_code == 200 and r.json()["output"] == f"{i}\n", r.text
+                assert took_s < REQUEST_SLACK_S, f"call {i} of {sid} took {took_s:.1f} s"
+        # and the one slot went back and forth by pressure parks
+        assert [_view(c, sid)["suspended_by"] for sid in sids] == ["pressure", None]
