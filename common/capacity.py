@@ -5,7 +5,9 @@ free joins one first-come-first-served queue across all sessions and workers (`c
 and, through `turn`, picks the running session idle longest to park (pressure parking). The park
 itself is a `suspend_if_idle` job on the victim's own FIFO, so it never overtakes a call of that
 session. Only the first `ADMIT_WINDOW` waiters ask Substrate for a worker; the others keep their
-place. The worker side (`workers.actors`) drives this; the API reads `view` for GET /v1/capacity.
+place. A worker freed by a suspend goes to the waiter first in line not told of one yet
+(`tell`), in whichever worker process it waits: that one asks Substrate at once. The worker side
+(`workers.actors`) drives this; the API reads `view` for GET /v1/capacity.
 
 These keys are indexes, not fenced records: every reader tolerates a stale member (the turn
 script drops `running` members whose session is no longer running; `parking` entries lapse).
@@ -77,6 +79,7 @@ class Capacity:
         self.config = config
         self.keys = Keys(config.redis_prefix)
         self._turn = load_script("common", "capacity_turn", self.keys)
+        self._tell = load_script("common", "capacity_tell", self.keys)
         self._scripts = ScriptRunner(redis.execute)
         self._background_ok = [e.name for e in config.environments if e.suspend_with_background]
 
@@ -100,6 +103,23 @@ class Capacity:
             2 * ADMIT_WINDOW, parking or "", *self._background_ok])
         return Turn(int(rank), text(park) or None, bool(int(in_flight)))
 
+    async def tell(self, handed: tuple[str, int] | None = None) -> tuple[str, int] | None:
+        """A Substrate worker was freed (or a park's suspend is freeing one): the waiter it goes
+        to, now marked told, and when (unix ms); or None (see capacity_tell.lua). `handed`: the
+        waiter the park told as its suspend began, and when, if it did."""
+        now = now_ms()
+        session, at = handed or ("", 0)
+        told = text(await self._scripts.call(self._tell, args=[now, session, at]))
+        return (told, now) if told else None
+
+    async def announce_told(self, session: str) -> None:
+        """Tell the worker processes that `session` was told (the one where it waits wakes it)."""
+        await self.redis.publish(self.keys.told_channel, session)
+
+    async def refused(self, session: str) -> None:
+        """A told waiter's resume was refused (another took the worker): it may be told again."""
+        await self.redis.zrem(self.keys.capacity_told, session)
+
     async def waiting(self) -> bool:
         """Whether any resume waits for a worker."""
         return int(await self.redis.zcard(self.keys.capacity_wait)) > 0
@@ -111,13 +131,15 @@ class Capacity:
         return None if rank is None or since is None else (rank, since / 1000)
 
     async def leave(self, session: str) -> None:
-        await self.redis.zrem(self.keys.capacity_wait, session)
+        await asyncio.gather(self.redis.zrem(self.keys.capacity_wait, session),
+                             self.redis.zrem(self.keys.capacity_told, session))
 
     async def resumed(self, session: str) -> None:
         """The session's actor runs: a park candidate from now on; no longer waiting or parked."""
         await asyncio.gather(self.redis.zadd(self.keys.running, {session: now_ms()}),
                              self.redis.zrem(self.keys.parked, session),
-                             self.redis.zrem(self.keys.capacity_wait, session))
+                             self.redis.zrem(self.keys.capacity_wait, session),
+                             self.redis.zrem(self.keys.capacity_told, session))
 
     async def suspended(self, session: str, by: SuspendedBy, job_id: str) -> None:
         """The session's actor was suspended by `by` (a fleet park is counted and woken by a call)."""

@@ -32,6 +32,7 @@ from common.queue import (
     RetryLater,
     split_session,
 )
+from common.queue.leases import listen_forever
 from common.routing import GuestRouter
 from common.substrate import (
     Actor,
@@ -57,10 +58,11 @@ log = logging.getLogger("atefleet.worker.actors")
 #: name), and the guest refuses any other actor.
 GUEST_TRUST_S = 2.0
 #: How often a waiting resume looks at its place (s): the further back, the less often, up to
-#: the maximum. Admitted ones ask Substrate again as soon as this worker finishes a suspend (most
-#: parks), else after ADMITTED_RETRY_S (a worker freed elsewhere: another process, a cluster).
-#: A session of this worker that may have become a park candidate makes one waiter look at once
-#: (see session_idle): polling finds candidates of other workers only.
+#: the maximum. One told a freed worker is its own asks Substrate at once, in whichever worker
+#: process it waits (Capacity.tell); admitted ones also ask every ADMITTED_RETRY_S (a worker
+#: freed by no suspend of the fleet: a cluster's new pod, a told waiter that left). A session of
+#: this worker that may have become a park candidate makes one waiter look at once (see
+#: session_idle): polling finds candidates of other workers only.
 CAPACITY_POLL_S = 0.05
 CAPACITY_POLL_MAX_S = 1.0
 ADMITTED_RETRY_S = 0.25
@@ -68,9 +70,6 @@ ADMITTED_RETRY_S = 0.25
 #: job's lease is released one round trip after its handler returns, and a leased session is no
 #: park candidate.
 IDLE_NUDGE_S = 0.01
-#: After a suspend, admitted waiters ask in the order of their places, this far apart (s): a
-#: freed worker goes to the one first in line, not to whichever asks first.
-ADMITTED_STAGGER_S = 0.02
 #: Principal recorded on the park jobs a waiting resume (or a call ending under pressure) enqueues.
 PARK_PRINCIPAL = "capacity"
 #: A worker that saw resumes wait this recently asks Redis, as each call ends, whether they still
@@ -112,15 +111,15 @@ class _Waiter:
     #: Its key in the line, (unix ms its job was created, session), as in capacity:wait: it
     #: orders this process's waiters at once, where a rank read from Redis may be a poll old.
     place: tuple[int, str] = _UNPLACED
-    #: Set when a park here freed a worker for it (see ActorKeeper.park_ended).
+    #: Set when it was told a freed worker is its own (ActorKeeper._tell), and while it asks.
     woken: asyncio.Event = field(default_factory=asyncio.Event)
+    #: It was told (marked in capacity:told): a refused resume unmarks it, to be told again.
+    told: bool = False
     #: Set when a session here may have become a park candidate: look again now (session_idle).
     nudged: asyncio.Event = field(default_factory=asyncio.Event)
     #: The session it asked to park, while that park is in flight: it is given no other
     #: meanwhile (capacity_turn), so parks in flight never outnumber the waiters.
     victim: str | None = None
-    #: Set once its resume succeeded (a park that told it early learns its worker was used).
-    resumed: bool = False
 
 
 class ActorKeeper:
@@ -136,9 +135,7 @@ class ActorKeeper:
         #: `set_waiting`, wired by workers.main): those turns do not hold its concurrency.
         self.on_waiting: Callable[[int], None] = lambda turns: None
         self._waiting = 0
-        #: Set (and replaced) whenever this worker frees a Substrate worker no waiter here is owed.
-        self._freed = asyncio.Event()
-        #: The resumes of this process waiting for a Substrate worker, by session (see park_ended).
+        #: The resumes of this process waiting for a Substrate worker, by session (see _tell).
         self._waiters: dict[str, _Waiter] = {}
         #: Guests of recently served sessions, least recently used first (bounded, see _remember).
         self._guests: OrderedDict[str, RunningGuest] = OrderedDict()
@@ -152,8 +149,10 @@ class ActorKeeper:
         #: once its sandbox is stopped, and holds a resume that comes meanwhile until then (a real
         #: one refuses it); and a park may leave the files held in a frozen sandbox (PARK_KEY).
         self._embedded = not config.ate.ateapi
-        #: Pressure parks in flight that told a waiter here before their suspend (_hand_over).
-        self._handed: dict[str, _Waiter] = {}
+        #: Pressure parks in flight here that told a waiter before their suspend (_hand_over).
+        self._handed: dict[str, tuple[str, int]] = {}
+        #: Set once the told channel is subscribed (see listen).
+        self.listening = asyncio.Event()
 
     def _env(self, ctx: JobContext) -> Environment:
         env = self.config.environment(ctx.job.environment)
@@ -355,11 +354,12 @@ class ActorKeeper:
                     # Marked woken while it asks: a worker freed meanwhile goes to another waiter.
                     me.woken.set()
                     try:
-                        actor = await self.substrate.resume_actor(atespace, name)
-                        me.resumed = True
-                        return actor
+                        return await self.substrate.resume_actor(atespace, name)
                     except NoFreeWorkers:
                         me.woken.clear()
+                        if me.told:
+                            me.told = False
+                            await self.capacity.refused(session)
                         if not waiting:
                             waiting = self._wait_begins()
                             continue
@@ -372,44 +372,57 @@ class ActorKeeper:
                 self._wait_ends()
                 await self.capacity.leave(session)
 
-    def park_ended(self, parked: str, freed: bool) -> None:
+    async def park_ended(self, parked: str, freed: bool) -> None:
         """A pressure park of `parked` ended here (done or skipped). The worker it freed goes to
-        the waiter first in line in this process, whichever waiter asked for the park (parks are
-        asked for all along the line, so that they overlap; their workers go in the line's
-        order), and only that waiter is told, so no other asks Substrate for it in vain. None
-        waiting here: the admitted ones are told as after any suspend. The waiter here that asked
-        for the park may ask for another at once, rather than at its next poll. A park that told
-        a waiter as its suspend began (_hand_over) tells nobody else, unless that waiter left
-        without resuming."""
+        the waiter first in line, whichever waiter asked for the park (parks are asked for all
+        along the line, so that they overlap; their workers go in the line's order) and in
+        whichever worker process it waits; only that waiter is told, so no other asks Substrate
+        for it in vain. A waiter here that asked for this park may ask for another at once,
+        rather than at its next poll. A park that told a waiter as its suspend began
+        (_hand_over) tells nobody else, unless that waiter left without resuming; it tells it
+        again if its resume came too early and was refused."""
         for w in self._waiters.values():
             if w.victim == parked:
                 w.victim = None
                 w.nudged.set()
         handed = self._handed.pop(parked, None)
-        if handed is not None and (handed.resumed or any(w is handed for w in self._waiters.values())):
-            if freed and not handed.resumed:
-                handed.woken.set()  # its resume came too early and was refused: now it is free
-            return
-        if not freed:
-            return  # skipped: a call came first, or the session was busy
-        front = self._front_not_told()
-        if front is not None:
-            front.woken.set()
-        else:
-            self._worker_freed()
+        if freed:  # else skipped: a call came first, or the session was busy
+            await self._tell(handed)
 
-    def _front_not_told(self) -> _Waiter | None:
-        return min((w for w in self._waiters.values() if not w.woken.is_set()),
-                   key=lambda w: w.place, default=None)
+    async def _tell(self, handed: tuple[str, int] | None = None) -> tuple[str, int] | None:
+        """A Substrate worker was freed here, or is being freed: tell the waiter it goes to
+        (Capacity.tell), here at once, else through the told channel (see listen). Returns it,
+        and when it was told."""
+        told = await self.capacity.tell(handed)
+        if told is not None and told[0] in self._waiters:
+            self._told(told[0])
+        elif told is not None:
+            await self.capacity.announce_told(told[0])
+        return told
 
-    def _hand_over(self, parked: str) -> None:
+    def _told(self, session: str) -> None:
+        waiter = self._waiters.get(session)
+        if waiter is not None:
+            waiter.told = True
+            waiter.woken.set()
+
+    async def listen(self) -> None:
+        """Wake the waiters here that another worker process told (until cancelled; a message
+        lost while resubscribing leaves its waiter to its poll)."""
+        async def subscribed() -> None:
+            self.listening.set()
+
+        await listen_forever(self.capacity.redis, self.capacity.keys.told_channel, self._told,
+                             name="capacity listener", on_subscribed=subscribed,
+                             on_lost=self.listening.clear)
+
+    async def _hand_over(self, parked: str) -> None:
         """A pressure park of `parked` is about to suspend it. With the embedded Substrate the
-        front waiter here is told now, not when the suspend returns: its resume then runs while
-        the parked actor's snapshot is written (park_ended tells nobody else for this park)."""
-        front = self._front_not_told() if self._embedded else None
-        if front is not None:
-            front.woken.set()
-            self._handed[parked] = front
+        waiter first in line is told now, not when the suspend returns: its resume then runs
+        while the parked actor's snapshot is written (park_ended tells nobody else for it)."""
+        told = await self._tell() if self._embedded else None
+        if told is not None:
+            self._handed[parked] = told
 
     def session_idle(self, session: str) -> None:
         """A job of a running session ended here: once idle `min_idle_s`, the session may be
@@ -430,23 +443,12 @@ class ActorKeeper:
 
     async def _pause(self, turn: Turn | None, me: _Waiter) -> None:
         """Until the waiter should look again: told a worker is its (woken) or a park candidate
-        may be there (nudged), else after its poll; an admitted one also when a worker is freed."""
-        events = [me.woken, me.nudged]
-        timeout_s = ADMITTED_RETRY_S
-        if turn is not None and not turn.admitted:
-            timeout_s = _poll_s(turn)
-        else:
-            events.append(self._freed)
-        waits = [asyncio.ensure_future(e.wait()) for e in events]
-        done, pending = await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        may be there (nudged), else after its poll."""
+        timeout_s = _poll_s(turn) if turn is not None and not turn.admitted else ADMITTED_RETRY_S
+        waits = [asyncio.ensure_future(e.wait()) for e in (me.woken, me.nudged)]
+        _, pending = await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
         for task in pending:
             task.cancel()
-        if len(waits) == 3 and done == {waits[2]}:
-            await asyncio.sleep((turn.rank if turn is not None else 0) * ADMITTED_STAGGER_S)
-
-    def _worker_freed(self) -> None:
-        self._freed.set()
-        self._freed = asyncio.Event()
 
     def _wait_begins(self) -> bool:
         self._pressure_until = time.monotonic() + PRESSURE_MEMORY_S
@@ -574,7 +576,7 @@ class ActorKeeper:
                     actor = await self.substrate.resume_actor(env.atespace, name)
                     await self._settle(env.atespace, name, actor, want=ActorStatus.RUNNING)
                 if by is SuspendedBy.PRESSURE:
-                    self._hand_over(ctx.job.session)
+                    await self._hand_over(ctx.job.session)
                 actor = await self.substrate.suspend_actor(env.atespace, name, park=by in FLEET_PARKS)
                 await self._settle(env.atespace, name, actor, want=ActorStatus.SUSPENDED)
             elif actor is not None and self._embedded and by not in FLEET_PARKS:
@@ -583,8 +585,7 @@ class ActorKeeper:
                 actor = await self.substrate.suspend_actor(env.atespace, name)
         except SnapshotFailed as err:
             # Substrate put the actor back at its last snapshot and freed its worker.
-            await ctx.update_session(state="suspended", suspended_by=str(by))
-            self._worker_freed()
+            await asyncio.gather(ctx.update_session(state="suspended", suspended_by=str(by)), self._tell())
             raise JobFailed(problem(507, "snapshot_refused", "Snapshot refused", str(err))) from err
         except SubstrateError as err:
             raise await self._failure(env.atespace, name, err) from err
@@ -594,9 +595,9 @@ class ActorKeeper:
             "snapshot_bytes": str(actor.snapshot_bytes)}
         await ctx.update_session(state="suspended", last_suspend_ms=str(took_ms), background_processes="[]",
                                  suspended_by=str(by), **size)
-        if by is not SuspendedBy.PRESSURE:
-            self._worker_freed()  # a pressure park's worker goes to the front (see park_ended)
-        await self.capacity.suspended(ctx.job.session, by, ctx.job.id)
+        # A pressure park's worker goes to the waiter first in line when the park ends (park_ended).
+        await asyncio.gather(self.capacity.suspended(ctx.job.session, by, ctx.job.id),
+                             *(() if by is SuspendedBy.PRESSURE else (self._tell(),)))
         if by in FLEET_PARKS:
             PARKS.labels(reason=str(by)).inc()
         return {"status": "ok", "duration_ms": took_ms, **_dropped_report(actor)}

@@ -97,8 +97,9 @@ class JobHandlers:
             return result
         finally:
             if by is SuspendedBy.PRESSURE:
-                await self.actors.capacity.park_finished(ctx.job.session)
-                self.actors.park_ended(ctx.job.session, freed=result.get("parked") is True)
+                parked = result.get("parked") is True
+                await asyncio.gather(self.actors.capacity.park_finished(ctx.job.session),
+                                     self.actors.park_ended(ctx.job.session, freed=parked))
 
     async def _park(self, ctx: JobContext, by: SuspendedBy) -> dict[str, Any]:
         env = self.config.environment(ctx.job.environment)

@@ -55,13 +55,15 @@ async def serve_worker(config: Config, worker_id: str, metrics_port: int = 0,
     log.info("worker started", extra={"fields": {"worker": consumer.worker_id,
                                                   "concurrency": config.workers.concurrency}})
     run = asyncio.create_task(consumer.run())
+    listener = asyncio.create_task(actors.listen(), name="capacity-listener")
     try:
         await asyncio.wait([run, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
     finally:
         await consumer.stop()
         if not run.done():
             run.cancel()
-        await asyncio.gather(run, return_exceptions=True)
+        listener.cancel()
+        await asyncio.gather(run, listener, return_exceptions=True)
         if endpoints is not None:
             endpoints.close()
         await actors.close()

@@ -101,6 +101,12 @@ class Keys:
         return f"{self.prefix}capacity:wait"
 
     @property
+    def capacity_told(self) -> str:
+        """Zset session → unix ms it was told a freed Substrate worker is its own (a waiter in
+        capacity:wait that now asks Substrate; see capacity_tell.lua)."""
+        return f"{self.prefix}capacity:told"
+
+    @property
     def parking(self) -> str:
         """Zset session → unix ms a pressure park of it was requested (parks in flight)."""
         return f"{self.prefix}capacity:parking"
@@ -124,6 +130,12 @@ class Keys:
     def cancel_channel(self) -> str:
         """Pub/sub channel: `<job id>` when a running job is asked to cancel (for Consumer)."""
         return f"{self.prefix}ch:cancel"
+
+    @property
+    def told_channel(self) -> str:
+        """Pub/sub channel: `<session>` when a waiter of another worker process is told a freed
+        Substrate worker is its own (common.capacity)."""
+        return f"{self.prefix}ch:told"
 
     @property
     def reconciler_leader(self) -> str:

@@ -50,7 +50,7 @@ KINDS = {
 #: Fleet-wide keys a header may declare (`Keys` properties; `K_<NAME>` in the script).
 FLEET_KEYS = frozenset({
     "ready", "idle", "idle_until", "events", "callbacks", "audit", "dlq", "delayed", "active",
-    "work", "running", "parked", "capacity_wait", "parking", "reconciler_leader",
+    "work", "running", "parked", "capacity_wait", "capacity_told", "parking", "reconciler_leader",
     "reconciler_epoch",
 })
 
@@ -84,6 +84,7 @@ COMPUTED_KEYS: dict[str, dict[str, str]] = {
     "forget_session": {"owned": "the session's owner (read from its hash)"},
     "capacity_turn": {"lease": "sessions read from capacity:wait and running",
                       "sess": "sessions read from running", "fifo": "sessions read from running"},
+    "capacity_tell": {"lease": "sessions read from capacity:wait"},
     "survey": {**_sessions("sessions:{env} (ids)")},
 }
 

@@ -7,6 +7,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 import redis.asyncio as aioredis
@@ -160,97 +161,127 @@ async def test_view_before_any_worker_count(capacity: Capacity) -> None:
     assert (await capacity.view())["workers"]["free"] == 3
 
 
-async def test_a_pressure_parks_worker_goes_to_the_front_waiter_here(config: Config) -> None:
-    # (pure logic: which waiter of a worker process a park's end tells)
-    keeper = ActorKeeper(config, substrate=None, router=None, capacity=None)  # type: ignore[arg-type]
-    # given three waiters here (their places in line, not the dict's order, count) and a fourth
-    # not in line yet
-    places = (("e/back", 3000), ("e/front", 1000), ("e/middle", 2000))
-    waiters = {s: _Waiter(place=(ms, s)) for s, ms in places}
-    waiters["e/unplaced"] = _Waiter()
-    keeper._waiters.update(waiters)
-    freed = keeper._freed
-    # when parks end one after another, then each tells the front-most waiter not told yet
-    told = []
-    for _ in waiters:
-        keeper.park_ended("e/parked", freed=True)
-        told += [s for s, w in waiters.items() if w.woken.is_set() and s not in told]
-    assert told == ["e/front", "e/middle", "e/back", "e/unplaced"] and not freed.is_set()
-    # and one more, with every waiter told, frees the worker for any admitted waiter
-    keeper.park_ended("e/parked", freed=True)
-    assert freed.is_set()
+@asynccontextmanager
+async def _two_processes(redis_url: str, config: Config) -> AsyncIterator[tuple[ActorKeeper, ActorKeeper]]:
+    """Two worker processes' keepers on one Redis, each listening on the told channel."""
+    async with RedisClient.from_url(redis_url) as a, RedisClient.from_url(redis_url) as b:
+        keepers = tuple(ActorKeeper(config, substrate=None, router=None,  # type: ignore[arg-type]
+                                    capacity=Capacity(r, config)) for r in (a, b))
+        listeners = [asyncio.create_task(k.listen()) for k in keepers]
+        try:
+            for k in keepers:
+                await asyncio.wait_for(k.listening.wait(), 5)
+            yield keepers[0], keepers[1]
+        finally:
+            for task in listeners:
+                task.cancel()
+            await asyncio.gather(*listeners, return_exceptions=True)
 
 
-async def test_a_waiter_asking_substrate_is_not_told_again_and_a_skipped_park_tells_nobody(
-        config: Config) -> None:
-    # (pure logic) A waiter marks itself told while it asks Substrate: a second worker freed
-    # meanwhile must go to the next waiter, not be spent on one about to be served.
-    keeper = ActorKeeper(config, substrate=None, router=None, capacity=None)  # type: ignore[arg-type]
-    asking, nxt = _Waiter(place=(1000, "e/asking")), _Waiter(place=(2000, "e/next"))
-    asking.woken.set()
-    keeper._waiters.update({"e/asking": asking, "e/next": nxt})
-    freed = keeper._freed
-    # when a park is skipped (a call of that session came first), then nobody is told
-    keeper.park_ended("e/busy", freed=False)
-    assert not nxt.woken.is_set() and not freed.is_set()
-    # when one frees a worker, then the waiter not asking yet is told
-    keeper.park_ended("e/parked", freed=True)
-    assert nxt.woken.is_set() and not freed.is_set()
+async def _waiting(redis: aioredis.Redis, keeper: ActorKeeper, session: str, since_ms: int) -> _Waiter:
+    """A resume of `keeper`'s process waiting in line since `since_ms` (its lease held)."""
+    await _lease(redis, session)
+    await keeper.capacity.turn(session, since_ms=since_ms, parking="e/none")
+    waiter = keeper._waiters[session] = _Waiter(place=(since_ms, session))
+    return waiter
 
 
-async def test_with_the_embedded_substrate_a_park_tells_the_front_waiter_before_its_suspend(
-        config: Config) -> None:
-    # (pure logic) The local Substrate frees a suspending actor's place once its sandbox is
-    # stopped, so a pressure park tells the front waiter here as it starts the suspend; that
-    # park's end then tells nobody else, unless the waiter it told is gone without its worker.
-    def keeper_with(*places: tuple[str, int]) -> tuple[ActorKeeper, dict[str, _Waiter]]:
-        keeper = ActorKeeper(config, substrate=None, router=None, capacity=None)  # type: ignore[arg-type]
-        waiters = {s: _Waiter(place=(ms, s)) for s, ms in places}
-        keeper._waiters.update(waiters)
-        return keeper, waiters
+async def _told(waiters: dict[str, _Waiter]) -> list[str]:
+    """The waiters told so far (a moment given to the told channel)."""
+    await asyncio.sleep(0.05)
+    return [s for s, w in waiters.items() if w.woken.is_set()]
 
-    def told(waiters: dict[str, _Waiter]) -> list[str]:
-        return [s for s, w in waiters.items() if w.woken.is_set()]
 
-    # given two waiters, when a park starts its suspend, then the front one is told at once
-    keeper, waiters = keeper_with(("e/next", 2000), ("e/front", 1000))
-    keeper._hand_over("e/parked")
-    assert told(waiters) == ["e/front"]
-    # when the park ends while that waiter still asks, then nobody else is told for it
-    keeper.park_ended("e/parked", freed=True)
-    assert told(waiters) == ["e/front"] and not keeper._freed.is_set()
+async def test_a_freed_worker_goes_to_the_first_waiter_in_line_in_whichever_process_it_waits(
+        redis_url: str, redis_client: aioredis.Redis, config: Config) -> None:
+    async with _two_processes(redis_url, config) as (here, there):
+        # given waiters in two worker processes, in line in another order than by process
+        waiters = {"e/front": await _waiting(redis_client, there, "e/front", 1000),
+                   "e/middle": await _waiting(redis_client, here, "e/middle", 2000),
+                   "e/back": await _waiting(redis_client, there, "e/back", 3000)}
+        # when parks here end one after another, then each tells the first waiter not told yet,
+        # there through the told channel
+        told = []
+        for _ in waiters:
+            await here.park_ended("e/parked", freed=True)
+            told += [s for s in await _told(waiters) if s not in told]
+        assert told == ["e/front", "e/middle", "e/back"]
+        assert all(w.told for w in waiters.values())
+        # and one more, with every waiter told, tells nobody
+        assert await here._tell() is None
+        # when a told waiter's resume is refused (another took the worker), then it is told
+        # again first: it is still first in line
+        waiters["e/front"].woken.clear()
+        await there.capacity.refused("e/front")
+        assert (await here._tell() or ("",))[0] == "e/front" and "e/front" in await _told(waiters)
+        # when a told waiter resumed, or left the line, then it is told no more
+        await there.capacity.resumed("e/front")
+        await here.capacity.leave("e/middle")
+        assert await redis_client.zrange(Keys("af:").capacity_told, 0, -1) == [b"e/back"]
 
-    # when its resume came too early and was refused, then the park's end tells it again
-    keeper, waiters = keeper_with(("e/front", 1000), ("e/next", 2000))
-    keeper._hand_over("e/parked")
-    waiters["e/front"].woken.clear()
-    keeper.park_ended("e/parked", freed=True)
-    assert told(waiters) == ["e/front"]
 
-    # when it resumed and left, then the park's worker was its: nobody else is told
-    keeper, waiters = keeper_with(("e/front", 1000), ("e/next", 2000))
-    keeper._hand_over("e/parked")
-    waiters["e/front"].resumed = True
-    del keeper._waiters["e/front"]
-    keeper.park_ended("e/parked", freed=True)
-    assert told(waiters) == ["e/front"]
+async def test_a_skipped_park_tells_nobody_and_a_waiter_without_its_lease_is_passed_over(
+        redis_url: str, redis_client: aioredis.Redis, config: Config) -> None:
+    async with _two_processes(redis_url, config) as (here, there):
+        waiters = {"e/dead": await _waiting(redis_client, there, "e/dead", 1000),
+                   "e/next": await _waiting(redis_client, there, "e/next", 2000)}
+        # when a park is skipped (a call of that session came first), then nobody is told
+        await here.park_ended("e/busy", freed=False)
+        assert await _told(waiters) == []
+        # when the first waiter's lease lapsed (its worker died), then a freed worker goes past it
+        await redis_client.delete(Keys("af:").lease("e/dead"))
+        await here.park_ended("e/parked", freed=True)
+        assert await _told(waiters) == ["e/next"]
 
-    # when it gave up without resuming, then the park's worker goes to the next waiter
-    keeper, waiters = keeper_with(("e/front", 1000), ("e/next", 2000))
-    keeper._hand_over("e/parked")
-    del keeper._waiters["e/front"]
-    keeper.park_ended("e/parked", freed=True)
-    assert told(waiters) == ["e/front", "e/next"]
+
+async def test_with_the_embedded_substrate_a_park_tells_the_first_waiter_before_its_suspend(
+        redis_url: str, redis_client: aioredis.Redis, config: Config) -> None:
+    # The local Substrate frees a suspending actor's place once its sandbox is stopped, so a
+    # pressure park tells the first waiter as it starts the suspend; that park's end then tells
+    # nobody else, unless the waiter it told is gone without its worker.
+    async def begin(here: ActorKeeper, there: ActorKeeper) -> dict[str, _Waiter]:
+        await redis_client.delete(Keys("af:").capacity_wait, Keys("af:").capacity_told)
+        waiters = {"e/front": await _waiting(redis_client, there, "e/front", 1000),
+                   "e/next": await _waiting(redis_client, here, "e/next", 2000)}
+        await here._hand_over("e/parked")
+        assert await _told(waiters) == ["e/front"]
+        return waiters
+
+    async with _two_processes(redis_url, config) as (here, there):
+        # given two waiters, when a park starts its suspend, then the first is told at once, and
+        # when the park ends while that waiter still asks, then nobody else is told for it
+        waiters = await begin(here, there)
+        await here.park_ended("e/parked", freed=True)
+        assert await _told(waiters) == ["e/front"]
+
+        # when its resume came too early and was refused, then the park's end tells it again
+        waiters = await begin(here, there)
+        waiters["e/front"].woken.clear()
+        await there.capacity.refused("e/front")
+        await here.park_ended("e/parked", freed=True)
+        assert await _told(waiters) == ["e/front"]
+
+        # when it resumed and left, then the park's worker was its: nobody else is told
+        waiters = await begin(here, there)
+        await there.capacity.resumed("e/front")
+        await here.park_ended("e/parked", freed=True)
+        assert await _told(waiters) == ["e/front"]
+
+        # when it gave up without resuming, then the park's worker goes to the next waiter
+        waiters = await begin(here, there)
+        await there.capacity.leave("e/front")
+        await here.park_ended("e/parked", freed=True)
+        assert await _told(waiters) == ["e/front", "e/next"]
 
     # with a real Substrate (it refuses a resume until the suspend is done), nobody is told early
     cluster = parse_config({"environments": [{"name": ENV}], "ate": {"ateapi": "api:443"}})
-    keeper = ActorKeeper(cluster, substrate=None, router=None, capacity=None)  # type: ignore[arg-type]
-    early = _Waiter(place=(1000, "e/front"))
-    keeper._waiters["e/front"] = early
-    keeper._hand_over("e/parked")
-    assert not early.woken.is_set()
-    keeper.park_ended("e/parked", freed=True)
-    assert early.woken.is_set()
+    async with _two_processes(redis_url, cluster) as (here, there):
+        await redis_client.delete(Keys("af:").capacity_wait, Keys("af:").capacity_told)
+        early = {"e/front": await _waiting(redis_client, there, "e/front", 1000)}
+        await here._hand_over("e/parked")
+        assert await _told(early) == []
+        await here.park_ended("e/parked", freed=True)
+        assert await _told(early) == ["e/front"]
 
 
 async def test_a_job_ending_here_makes_the_front_waiter_without_a_park_look_once_idle_enough() -> None:
@@ -278,6 +309,6 @@ async def test_a_job_ending_here_makes_the_front_waiter_without_a_park_look_once
     await asyncio.sleep(0.05)
     assert [s for s, w in waiters.items() if w.nudged.is_set()] == ["e/next"]
 
-    # when the park it asked for ends, then that waiter may ask for another at once
-    keeper.park_ended("e/victim", freed=True)
+    # when the park it asked for ends (say, skipped), then that waiter may ask for another at once
+    await keeper.park_ended("e/victim", freed=False)
     assert waiters["e/parking"].victim is None and waiters["e/parking"].nudged.is_set()
