@@ -93,14 +93,16 @@ class Capacity:
             self.redis.hget(k.capacity_workers, "total"))
         return int(waiting) > 0 or (total is not None and int(running) >= int(text(total)))
 
-    async def turn(self, session: str, since_ms: int | None = None, parking: str | None = None) -> Turn:
+    async def turn(self, session: str, since_ms: int | None = None, parking: str | None = None,
+                   joining: bool = False) -> Turn:
         """Join the wait queue at `since_ms` (when the waiting job was created: first come, first
         served; now by default), or keep the place; maybe get a session to park (see the script).
-        `parking`: the session this waiter asked to park last (no other while it is in flight)."""
+        `parking`: the session this waiter asked to park last (no other while it is in flight);
+        `joining`: its first turn (a told mark an earlier run of its job left is dropped)."""
         now = now_ms()
         rank, park, in_flight = await self._scripts.call(self._turn, args=[
             session, now, since_ms or now, int(self.config.workers.min_idle_s * 1000), PARK_LAPSE_MS,
-            2 * ADMIT_WINDOW, parking or "", *self._background_ok])
+            2 * ADMIT_WINDOW, parking or "", int(joining), *self._background_ok])
         return Turn(int(rank), text(park) or None, bool(int(in_flight)))
 
     async def tell(self, handed: tuple[str, int] | None = None) -> tuple[str, int] | None:

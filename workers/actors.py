@@ -340,7 +340,8 @@ class ActorKeeper:
                 # One told a worker is its own asks Substrate at once: a turn first would only
                 # give another waiter time to take that worker.
                 if waiting and not me.woken.is_set():
-                    turn = await self.capacity.turn(session, since_ms, me.victim)
+                    joining = me.place == _UNPLACED
+                    turn = await self.capacity.turn(session, since_ms, me.victim, joining)
                     me.place = (since_ms, session)
                     if not turn.park_in_flight:
                         me.victim = None

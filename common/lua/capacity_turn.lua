@@ -4,17 +4,18 @@
 -- owner, idle at least the minimum, and no background process unless its environment allows
 -- suspending them. The pick is marked in flight, so no other waiter picks it too.
 --
---! keys: capacity_wait parking running
+--! keys: capacity_wait capacity_told parking running
 -- ARGV[1] waiting session   ARGV[2] now_ms   ARGV[3] its place: unix ms its job was created (a
 --         re-run of the job after its worker died takes the same place again)
 -- ARGV[4] minimum idle ms   ARGV[5] ms after which a park in flight is forgotten (its job died
 --         with its worker and is re-run by queue repair; the waiter may pick another)
 -- ARGV[6] how many waiters at the front are checked for a lease   ARGV[7] the session this waiter
---         asked to park last, or ''   ARGV[8..] environments whose sessions may be parked while
---         background processes run
+--         asked to park last, or ''   ARGV[8] 1 when it joins the line (its job's first turn in
+--         this run): a told mark left by an earlier run of its job, whose worker died, goes
+-- ARGV[9..] environments whose sessions may be parked while background processes run
 -- Returns {rank (0 = first in line), session to park or '' (always '' when ARGV[7] is given),
 -- 1 while the park ARGV[7] names is still in flight, else 0}
--- Touches: capacity:wait, capacity:parking, running; reads lease:{s} of the first waiters, and
+-- Touches: capacity:wait, capacity:told, capacity:parking, running; reads lease:{s} of the first waiters, and
 -- sess:{s}, lease:{s}, sq:{s} of the running sessions (as many as Substrate has workers busy;
 -- computed: sessions read from capacity:wait and running).
 
@@ -25,6 +26,7 @@ for _, s in ipairs(redis.call('ZRANGE', K_CAPACITY_WAIT, 0, tonumber(ARGV[6]) - 
   if s ~= me and redis.call('EXISTS', lease_key(s)) == 0 then redis.call('ZREM', K_CAPACITY_WAIT, s) end
 end
 redis.call('ZADD', K_CAPACITY_WAIT, 'NX', tonumber(ARGV[3]), me)
+if ARGV[8] == '1' then redis.call('ZREM', K_CAPACITY_TOLD, me) end
 local rank = redis.call('ZRANK', K_CAPACITY_WAIT, me)
 redis.call('ZREMRANGEBYSCORE', K_PARKING, '-inf', now - tonumber(ARGV[5]))
 -- A waiter whose park is in flight gets no other (parks in flight never outnumber the waiters);
@@ -32,7 +34,7 @@ redis.call('ZREMRANGEBYSCORE', K_PARKING, '-inf', now - tonumber(ARGV[5]))
 if ARGV[7] ~= '' then return {rank, '', redis.call('ZSCORE', K_PARKING, ARGV[7]) and 1 or 0} end
 if redis.call('ZCARD', K_PARKING) > rank then return {rank, '', 0} end
 local background_ok = {}
-for i = 8, #ARGV do background_ok[ARGV[i]] = true end
+for i = 9, #ARGV do background_ok[ARGV[i]] = true end
 local min_idle = tonumber(ARGV[4])
 local best, best_at = '', nil
 for _, s in ipairs(redis.call('ZRANGE', K_RUNNING, 0, -1)) do

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -14,6 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from common.config import load_config
+from common.queue.keys import Keys
 from tests.e2e.conftest import RunningFleet, few_slots_fleet, wait_until
 
 SLOTS = 2
@@ -89,3 +92,42 @@ def test_killed_worker_restarts(slow_park_fleet: RunningFleet) -> None:
         sid = f"pk-{uuid.uuid4().hex[:8]}"
         r = c.post(_base(sid), json={**_call("bash", command="echo ok"), "auto_resume": True})
         assert r.status_code == 200 and r.json()["output"].strip() == "ok", r.text
+
+
+def test_two_worker_processes_one_killed_midway_keep_every_sessions_order_and_files(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    # Freed workers go to the first waiter in line in whichever worker process it waits (told
+    # through Redis): the line must keep moving when a process dies with waiters told.
+    slots, sessions, calls = 3, 12, 6
+    done = threading.Semaphore(0)
+    with few_slots_fleet(tmp_path_factory.mktemp("park-chaos-two"), slots, {"processes": 2}) as fleet:
+        def agent(sid: str) -> list[str]:
+            with fleet.client() as c:
+                assert c.post(f"{_base(sid)}/resume").status_code == 200
+                outs = []
+                for n in range(calls):
+                    command = f"echo {n} >> counter; tr '\\n' ' ' < counter"
+                    r = c.post(_base(sid), json=_call("bash", command=command))
+                    assert r.status_code == 200, r.text
+                    outs.append(r.json()["output"].strip())
+                    done.release()
+                return outs
+
+        # given many more sessions than slots at once, each appending to a counter call after call
+        with ThreadPoolExecutor(sessions) as pool:
+            results = [pool.submit(agent, f"pc-{uuid.uuid4().hex[:8]}-{i}") for i in range(sessions)]
+            # when a third of the calls are done, one of the two worker processes is SIGKILLed
+            for _ in range(sessions * calls // 3):
+                assert done.acquire(timeout=120), "the calls stalled before the kill"
+            workers = sorted(pid for role, pid in fleet.children().items() if role.startswith("worker-"))
+            assert len(workers) == 2, workers
+            os.kill(workers[0], signal.SIGKILL)
+            outs = [r.result(timeout=300) for r in results]
+        # then every session saw its own counter grow one line per call: none lost, none twice
+        expected = [" ".join(str(i) for i in range(n + 1)) for n in range(calls)]
+        assert all(o == expected for o in outs), outs
+        # and nobody is left waiting for a worker, or marked told
+        with fleet.client() as c:
+            wait_until(lambda: c.get("/v1/capacity").json()["sessions"]["waiting"] == 0, "the line to empty")
+        keys = Keys(load_config(fleet.config_path).redis_prefix)
+        assert fleet.redis_client().zcard(keys.capacity_told) == 0

@@ -214,6 +214,10 @@ async def test_a_freed_worker_goes_to_the_first_waiter_in_line_in_whichever_proc
         waiters["e/front"].woken.clear()
         await there.capacity.refused("e/front")
         assert (await here._tell() or ("",))[0] == "e/front" and "e/front" in await _told(waiters)
+        # when a told waiter's worker process died and its job's re-run joins the line again,
+        # then it keeps its place and is told again first
+        assert (await there.capacity.turn("e/front", since_ms=1000, joining=True)).rank == 0
+        assert (await here._tell() or ("",))[0] == "e/front"
         # when a told waiter resumed, or left the line, then it is told no more
         await there.capacity.resumed("e/front")
         await here.capacity.leave("e/middle")
