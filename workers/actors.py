@@ -565,9 +565,11 @@ class ActorKeeper:
         trusted = self._trusted(ctx)
         known = trusted.actor if trusted is not None else None
         self.forget(ctx.job.session)
+        freeing = False  # whether this suspend frees a Substrate worker (the actor was not SUSPENDED)
         try:
             actor = known or await self._get(env.atespace, name)
             if actor is not None and actor.status is not ActorStatus.SUSPENDED:
+                freeing = True
                 # Recorded before the call: a worker that dies midway leaves a park the next call
                 # still wakes (and the job's re-run or the reconciler finishes).
                 await ctx.update_session(state="suspending", suspended_by=str(by))
@@ -576,17 +578,24 @@ class ActorKeeper:
                     # succeeds; that resume restores the snapshot the failed one started from.
                     actor = await self.substrate.resume_actor(env.atespace, name)
                     await self._settle(env.atespace, name, actor, want=ActorStatus.RUNNING)
-                if by is SuspendedBy.PRESSURE:
-                    await self._hand_over(ctx.job.session)
-                actor = await self.substrate.suspend_actor(env.atespace, name, park=by in FLEET_PARKS)
+                # A pressure park tells the waiter first in line meanwhile (_hand_over).
+                hand_over = asyncio.ensure_future(self._hand_over(ctx.job.session)) \
+                    if by is SuspendedBy.PRESSURE else None
+                try:
+                    actor = await self.substrate.suspend_actor(env.atespace, name, park=by in FLEET_PARKS)
+                finally:
+                    if hand_over is not None:
+                        await hand_over
                 await self._settle(env.atespace, name, actor, want=ActorStatus.SUSPENDED)
             elif actor is not None and self._embedded and by not in FLEET_PARKS:
                 # A client's suspend of a session the fleet parked: the files the park left held
                 # in its frozen sandbox are written as a snapshot (a no-op if there are none).
                 actor = await self.substrate.suspend_actor(env.atespace, name)
         except SnapshotFailed as err:
-            # Substrate put the actor back at its last snapshot and freed its worker.
-            await asyncio.gather(ctx.update_session(state="suspended", suspended_by=str(by)), self._tell())
+            # Substrate put the actor back at its last snapshot and freed its worker (of which a
+            # pressure park told a waiter as its suspend began, if it did: _hand_over).
+            tell = () if ctx.job.session in self._handed else (self._tell(),)
+            await asyncio.gather(ctx.update_session(state="suspended", suspended_by=str(by)), *tell)
             raise JobFailed(problem(507, "snapshot_refused", "Snapshot refused", str(err))) from err
         except SubstrateError as err:
             raise await self._failure(env.atespace, name, err) from err
@@ -597,8 +606,8 @@ class ActorKeeper:
         await ctx.update_session(state="suspended", last_suspend_ms=str(took_ms), background_processes="[]",
                                  suspended_by=str(by), **size)
         # A pressure park's worker goes to the waiter first in line when the park ends (park_ended).
-        await asyncio.gather(self.capacity.suspended(ctx.job.session, by, ctx.job.id),
-                             *(() if by is SuspendedBy.PRESSURE else (self._tell(),)))
+        tell = (self._tell(),) if freeing and by is not SuspendedBy.PRESSURE else ()
+        await asyncio.gather(self.capacity.suspended(ctx.job.session, by, ctx.job.id), *tell)
         if by in FLEET_PARKS:
             PARKS.labels(reason=str(by)).inc()
         return {"status": "ok", "duration_ms": took_ms, **_dropped_report(actor)}
