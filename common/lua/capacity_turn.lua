@@ -10,14 +10,14 @@
 -- ARGV[4] minimum idle ms   ARGV[5] ms after which a park in flight is forgotten (its job died
 --         with its worker and is re-run by queue repair; the waiter may pick another)
 -- ARGV[6] how many waiters at the front are checked for a lease   ARGV[7] the session this waiter
---         asked to park last, or ''   ARGV[8] 1 when it joins the line (its job's first turn in
---         this run): a told mark left by an earlier run of its job, whose worker died, goes
+--         asked to park last, or ''   ARGV[8] 1 on its first turn in this run of its job: a
+--         told mark an earlier run left (its worker died) is dropped
 -- ARGV[9..] environments whose sessions may be parked while background processes run
 -- Returns {rank (0 = first in line), session to park or '' (always '' when ARGV[7] is given),
 -- 1 while the park ARGV[7] names is still in flight, else 0}
--- Touches: capacity:wait, capacity:told, capacity:parking, running; reads lease:{s} of the first waiters, and
--- sess:{s}, lease:{s}, sq:{s} of the running sessions (as many as Substrate has workers busy;
--- computed: sessions read from capacity:wait and running).
+-- Touches: capacity:wait, capacity:told, capacity:parking, running; reads lease:{s} of the first
+-- waiters, and sess:{s}, lease:{s}, sq:{s} of the running sessions (as many as Substrate has
+-- workers busy; computed: sessions read from capacity:wait and running).
 
 local me, now = ARGV[1], tonumber(ARGV[2])
 -- A waiting resume holds its session's lease; one at the front without it died with its worker
