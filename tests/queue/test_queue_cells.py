@@ -131,13 +131,19 @@ async def test_two_cells_sigkill_workers_nothing_lost_order_kept_cells_apart(cel
     repairs = [asyncio.create_task(run_repairs(c.queue, RECONCILER_PERIOD_S, stop_repairs)) for c in cells]
     kills: dict[str, float] = {}
     rng = random.Random(5)
+    total = sum(len(ids) for order in orders for ids in order.values())
     try:
         alive = [fleet.start() for _ in range(PROCESSES)]
-        # when worker processes, each serving both cells, are SIGKILLed while the queues drain
-        while await work_left(cells) > SESSIONS // 4 and len(kills) < 8:
-            # (closer than the single-cell chaos test's: this run drains faster, and at the wider
-            # gaps a fast machine drained it after two kills)
-            await asyncio.sleep(rng.uniform(0.1, 0.3))
+        # when worker processes, each serving both cells, are SIGKILLed as the jobs run pass each
+        # tenth of them (by progress, not by time: at timed gaps a fast machine drained the
+        # queues after two kills)
+        marks = [total * k // 10 for k in range(1, 9)]
+        while marks and await work_left(cells):
+            await asyncio.sleep(0.02)
+            done = sum([await jobs_run(c, w) for c in cells for w in fleet.procs])
+            if done < marks[0]:
+                continue
+            marks = [m for m in marks if m > done]
             working = [w for w in alive if sum([await jobs_run(c, w) for c in cells])]
             if working:
                 kill_and_replace(fleet, alive, working, rng, kills)
