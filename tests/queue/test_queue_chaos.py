@@ -70,13 +70,23 @@ async def test_chaos_sigkill_workers_nothing_lost_order_kept(
     rng = random.Random(7)
     try:
         order = await enqueue_sessions(queue, SESSIONS, JOBS_PER_SESSION)
+        total = sum(len(ids) for ids in order.values())
         alive = [fleet.start() for _ in range(PROCESSES)]
-        # when workers are killed at random moments while the queue drains, and replaced
-        while await redis_client.zcard("af:work") > SESSIONS // 4 and len(kills) < 12:
-            await asyncio.sleep(rng.uniform(0.2, 0.6))
+
+        async def jobs_run(worker: WorkerProc) -> int:
+            return int(await redis_client.hget(f"t:stats:{worker.worker_id}", "jobs") or 0)
+
+        # when workers are killed, and replaced, as the jobs run pass each twelfth of them (by
+        # progress, not by time: a fast machine drains the queue between timed kills)
+        marks = [total * k // 12 for k in range(1, 12)]
+        while marks and await redis_client.zcard("af:work"):
+            await asyncio.sleep(0.02)
+            done = sum([await jobs_run(w) for w in fleet.procs])
+            if done < marks[0]:
+                continue
+            marks = [m for m in marks if m > done]
             # only workers that are doing work (a fresh process may still be importing)
-            jobs = [int(await redis_client.hget(f"t:stats:{w.worker_id}", "jobs") or 0) for w in alive]
-            working = [w for w, n in zip(alive, jobs, strict=True) if n]
+            working = [w for w in alive if await jobs_run(w)]
             if working:
                 kill_and_replace(fleet, alive, working, rng, kills)
         await wait_drained(redis_client, 120)
