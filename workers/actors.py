@@ -113,8 +113,6 @@ class _Waiter:
     place: tuple[int, str] = _UNPLACED
     #: Set when it was told a freed worker is its own (ActorKeeper._tell), and while it asks.
     woken: asyncio.Event = field(default_factory=asyncio.Event)
-    #: It was told (marked in capacity:told): a refused resume unmarks it, to be told again.
-    told: bool = False
     #: Set when a session here may have become a park candidate: look again now (session_idle).
     nudged: asyncio.Event = field(default_factory=asyncio.Event)
     #: The session it asked to park, while that park is in flight: it is given no other
@@ -358,10 +356,11 @@ class ActorKeeper:
                         return await self.substrate.resume_actor(atespace, name)
                     except NoFreeWorkers:
                         me.woken.clear()
-                        if me.told:
-                            me.told = False
+                        if waiting:
+                            # Told or not (a mark whose message came while it asked, or was
+                            # lost, is Redis's alone), it may be told of the next worker.
                             await self.capacity.refused(session)
-                        if not waiting:
+                        else:
                             waiting = self._wait_begins()
                             continue
                 if time.monotonic() > deadline:
@@ -404,7 +403,6 @@ class ActorKeeper:
     def _told(self, session: str) -> None:
         waiter = self._waiters.get(session)
         if waiter is not None:
-            waiter.told = True
             waiter.woken.set()
 
     async def listen(self) -> None:

@@ -206,7 +206,8 @@ async def test_a_freed_worker_goes_to_the_first_waiter_in_line_in_whichever_proc
             await here.park_ended("e/parked", freed=True)
             told += [s for s in await _told(waiters) if s not in told]
         assert told == ["e/front", "e/middle", "e/back"]
-        assert all(w.told for w in waiters.values())
+        told_marks = await redis_client.zrange(Keys("af:").capacity_told, 0, -1)
+        assert sorted(told_marks) == sorted(s.encode() for s in waiters)
         # and one more, with every waiter told, tells nobody
         assert await here._tell() is None
         # when a told waiter's resume is refused (another took the worker), then it is told
@@ -236,6 +237,23 @@ async def test_a_skipped_park_tells_nobody_and_a_waiter_without_its_lease_is_pas
         await redis_client.delete(Keys("af:").lease("e/dead"))
         await here.park_ended("e/parked", freed=True)
         assert await _told(waiters) == ["e/next"]
+
+
+async def test_a_session_id_of_every_allowed_shape_is_told_across_processes(
+        redis_url: str, redis_client: aioredis.Redis, config: Config) -> None:
+    # Session ids are the tenant's (the API's pattern: 128 characters at most, with . _ : -):
+    # they pass through the tell script's lease key and the told channel as they are.
+    odd = f"{ENV}/a:b.c_-{'9' * 120}"
+    prefix = f"{ENV}/a:b.c_-{'9' * 119}"  # a prefix of it, in line first, without its lease
+    async with _two_processes(redis_url, config) as (here, there):
+        waiters = {odd: await _waiting(redis_client, there, odd, 2000)}
+        await _waiting(redis_client, here, prefix, 1000)
+        await redis_client.delete(Keys("af:").lease(prefix))
+        # when a worker is freed here, then the waiter there with that id is told, and no other
+        await here.park_ended("e/parked", freed=True)
+        assert await _told(waiters) == [odd]
+        assert not here._waiters[prefix].woken.is_set()
+        assert await redis_client.zrange(Keys("af:").capacity_told, 0, -1) == [odd.encode()]
 
 
 async def test_with_the_embedded_substrate_a_park_tells_the_first_waiter_before_its_suspend(
