@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 from queue_testkit import WorkerFleet, WorkerProc, job, run_repairs
-from test_queue_chaos import kill_and_replace, nothing_lost_order_kept, wait_drained
+from test_queue_chaos import kill_as_jobs_run, nothing_lost_order_kept, wait_drained
 
 from common.actor_names import HASH_HEX, actor_name
 from common.config import Config
@@ -89,10 +89,6 @@ async def enqueue_split(cells: list[Cell], sessions: int, jobs_per_session: int)
     return orders
 
 
-async def work_left(cells: list[Cell]) -> int:
-    return sum([await c.redis.zcard("af:work") for c in cells])
-
-
 async def jobs_run(cell: Cell, worker: WorkerProc) -> int:
     """Jobs the worker process ran in this cell (its consumer there mirrors its counters)."""
     return int(await cell.redis.hget(f"t:stats:{worker.worker_id}", "jobs") or 0)
@@ -135,18 +131,8 @@ async def test_two_cells_sigkill_workers_nothing_lost_order_kept_cells_apart(cel
     try:
         alive = [fleet.start() for _ in range(PROCESSES)]
         # when worker processes, each serving both cells, are SIGKILLed as the jobs run pass each
-        # tenth of them (by progress, not by time: at timed gaps a fast machine drained the
-        # queues after two kills)
-        marks = [total * k // 10 for k in range(1, 9)]
-        while marks and await work_left(cells):
-            await asyncio.sleep(0.02)
-            done = sum([await jobs_run(c, w) for c in cells for w in fleet.procs])
-            if done < marks[0]:
-                continue
-            marks = [m for m in marks if m > done]
-            working = [w for w in alive if sum([await jobs_run(c, w) for c in cells])]
-            if working:
-                kill_and_replace(fleet, alive, working, rng, kills)
+        # tenth of them
+        await kill_as_jobs_run(fleet, alive, [c.redis for c in cells], total, 10, rng, kills)
         for cell in cells:
             await wait_drained(cell.redis, 120)
     finally:

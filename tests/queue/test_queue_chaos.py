@@ -73,22 +73,8 @@ async def test_chaos_sigkill_workers_nothing_lost_order_kept(
         total = sum(len(ids) for ids in order.values())
         alive = [fleet.start() for _ in range(PROCESSES)]
 
-        async def jobs_run(worker: WorkerProc) -> int:
-            return int(await redis_client.hget(f"t:stats:{worker.worker_id}", "jobs") or 0)
-
-        # when workers are killed, and replaced, as the jobs run pass each twelfth of them (by
-        # progress, not by time: a fast machine drains the queue between timed kills)
-        marks = [total * k // 12 for k in range(1, 12)]
-        while marks and await redis_client.zcard("af:work"):
-            await asyncio.sleep(0.02)
-            done = sum([await jobs_run(w) for w in fleet.procs])
-            if done < marks[0]:
-                continue
-            marks = [m for m in marks if m > done]
-            # only workers that are doing work (a fresh process may still be importing)
-            working = [w for w in alive if await jobs_run(w)]
-            if working:
-                kill_and_replace(fleet, alive, working, rng, kills)
+        # when workers are killed, and replaced, as the jobs run pass each twelfth of them
+        await kill_as_jobs_run(fleet, alive, [redis_client], total, 12, rng, kills)
         await wait_drained(redis_client, 120)
     finally:
         stop_repairs.set()
@@ -115,6 +101,28 @@ def kill_and_replace(fleet: WorkerFleet, alive: list[WorkerProc], candidates: li
     victim.kill()
     kills[victim.worker_id] = time.time()
     alive.append(fleet.start())
+
+
+async def kill_as_jobs_run(fleet: WorkerFleet, alive: list[WorkerProc], redises: list[aioredis.Redis],
+                           total: int, shares: int, rng: random.Random, kills: dict[str, float]) -> None:
+    """Kill and replace a worker that ran jobs (`kill_and_replace`) each time the jobs run, as the
+    workers' counters in `redises` show them, pass another of `shares` equal shares of `total`,
+    until the last share or until no FIFO holds work. By progress, not by time: at timed gaps a
+    fast machine drained the queues after two kills."""
+    async def jobs_run(worker: WorkerProc) -> int:
+        return sum([int(await r.hget(f"t:stats:{worker.worker_id}", "jobs") or 0) for r in redises])
+
+    marks = [total * k // shares for k in range(1, shares)]
+    while marks and sum([await r.zcard("af:work") for r in redises]):
+        await asyncio.sleep(0.02)
+        done = sum([await jobs_run(w) for w in fleet.procs])
+        if done < marks[0]:
+            continue
+        marks = [m for m in marks if m > done]
+        # only workers that are doing work (a fresh process may still be importing)
+        working = [w for w in alive if await jobs_run(w)]
+        if working:
+            kill_and_replace(fleet, alive, working, rng, kills)
 
 
 async def wait_drained(redis: aioredis.Redis, timeout_s: float) -> None:
