@@ -169,5 +169,7 @@ def test_each_resume_gives_the_session_a_signed_identity(tenancy_fleet: RunningF
             tokens.append(jwt.decode(env_token, key, algorithms=["HS256"], audience="atefleet-session"))
     (first, second, carols) = tokens
     assert (first["sub"], first["principal"]) == ("my-env/ann-id", "key:ann")
-    assert second["sub"] == first["sub"] and second["jti"] != first["jti"]
+    # the same (sub, principal); whether the same token too depends on which worker process ran
+    # each call: tests/substrate/test_substrate_identity.py has a process keep it across resumes
+    assert (second["sub"], second["principal"]) == (first["sub"], first["principal"])
     assert (carols["sub"], carols["principal"]) == ("my-env/carol-id", "jwt:carol")
