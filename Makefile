@@ -37,7 +37,7 @@ run: $(STAMP)
 ## Run the whole test suite (real Redis, real gRPC, real sandboxed guests, real HTTP).
 test: $(STAMP)
 	$(VPY) -m ruff check .
-	$(VPY) -m mypy common
+	$(VPY) -m mypy common workers api reconciler local_substrate guest atefleet sdk
 	$(VPY) -m pytest -q
 
 ## Run every benchmark in bench/; each prints its figures and ends with one JSON line.
@@ -48,7 +48,7 @@ lint: $(STAMP)
 	$(VPY) -m ruff check .
 
 typecheck: $(STAMP)
-	$(VPY) -m mypy common
+	$(VPY) -m mypy common workers api reconciler local_substrate guest atefleet sdk
 
 clean:
 	rm -rf $(VENV) .state .pytest_cache .mypy_cache .ruff_cache

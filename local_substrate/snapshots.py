@@ -200,8 +200,7 @@ class _Writer:
         with contextlib.closing(self.tally.entries_of(part, src)) as entries:
             for entry in entries:
                 self._add(tar, f"{part}/{entry.path}", entry.name, entry.dir_fd, entry.st)
-                # tarfile keeps every member it wrote; a workspace may have very many.
-                tar.members.clear()
+                _forget_members(tar)
 
     def _add(self, tar: tarfile.TarFile, path: str, name: str, dir_fd: int, st: os.stat_result) -> None:
         info = tarfile.TarInfo(path)
@@ -268,6 +267,12 @@ def _sparse_regions(fd: int, st: os.stat_result) -> list[tuple[int, int]] | None
     return regions
 
 
+def _forget_members(tar: tarfile.TarFile) -> None:
+    """Drop the members tarfile keeps of every entry it read or wrote (a workspace may have very
+    many). `members` is not in typeshed's TarFile, hence the ignore."""
+    tar.members.clear()  # type: ignore[attr-defined]
+
+
 class _RegionReader:
     """The data regions of a sparse file, one after another (what tarfile copies into the archive)."""
 
@@ -275,7 +280,9 @@ class _RegionReader:
         self._fd = fd
         self._regions = list(reversed(regions))
 
-    def read(self, size: int) -> bytes:
+    def read(self, size: int = -1, /) -> bytes:
+        if size < 0:
+            return b"".join(iter(lambda: self.read(1 << 20), b""))
         while self._regions:
             offset, length = self._regions[-1]
             if length == 0:
@@ -297,7 +304,7 @@ def restore_snapshot(src: Path, dests: dict[str, Path], uid: int, gid: int) -> N
         with tarfile.open(fileobj=zr, mode="r|") as tar, contextlib.closing(_Extractor(dests, owner)) as ex:
             for member in tar:
                 ex.add(tar, member)
-                tar.members.clear()
+                _forget_members(tar)
             ex.finish()
     if ex.skipped:
         log.warning("snapshot %s: %d member(s) skipped, e.g. %r", src, len(ex.skipped), ex.skipped[:3])
@@ -383,7 +390,7 @@ class _Extractor:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(name, 0o700, dir_fd=fd)
             self._chown(name, fd)
-            self._dirs.append((part, comps, mode, member.mtime))
+            self._dirs.append((part, comps, mode, int(member.mtime)))
         elif member.isreg():
             self._write_file(tar, member, name, fd, mode)
         elif member.issym():

@@ -216,7 +216,7 @@ def timeline(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     span = max(end - start, 1e-3)
 
     def pct(t: float | None) -> float:
-        return round(((t if t is not None else end) - start) / span * 100, 2)
+        return float(round(((t if t is not None else end) - start) / span * 100, 2))
 
     return [{"job": r, "x": pct(r["created_s"]), "run_x": pct(r["started_s"] or r["created_s"]),
              "end_x": pct(r["finished_s"])} for r in jobs]
