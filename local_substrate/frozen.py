@@ -108,6 +108,10 @@ async def freeze(*roots: int) -> bool:
         for pid in fresh:
             _signal(pid, signal.SIGSTOP)
             stopped.add(pid)
+        if fresh:
+            # A process stops once it is next scheduled: looked at at once, nearly all still show
+            # running, and each would be sent SIGSTOP again for nothing.
+            await asyncio.sleep(STOP_POLL_S)
         while running := [p for p in stopped if _state(p) not in STOPPED_STATES]:
             if time.monotonic() > deadline:
                 return False
