@@ -24,7 +24,7 @@ import hmac
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import jwt
 
@@ -88,14 +88,15 @@ class SessionIdentity:
             return kept.token
         who = await owner()
         if kept is not None and fresh and kept.renew_at is not None and kept.owner == who:
-            token = kept.token
+            kept = replace(kept, incarnation=incarnation)
         else:
             token = await self._mint(environment, session_id, who)
+            kept = _Kept(token, who, incarnation, renew_at(token))
         self._tokens.pop(session, None)
-        self._tokens[session] = _Kept(token, who, incarnation, renew_at(token))
+        self._tokens[session] = kept
         if len(self._tokens) > CACHE_MAX:
             del self._tokens[next(iter(self._tokens))]
-        return token
+        return kept.token
 
     async def _mint(self, environment: str, session_id: str, owner: str) -> str:
         session = f"{environment}/{session_id}"
