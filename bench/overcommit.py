@@ -290,6 +290,15 @@ def main() -> None:
     print(f"targets: 0 failed, 0 out of order, wake p50 <= {TARGET_WAKE_P50_RATIO:g}x the resume p50 "
           f"({TARGET_WAKE_P50_RATIO * resume_ms:.0f} ms; now {ratio:.1f}x), "
           f"call p99 <= {TARGET_CALL_P99_MS:g} ms")
+    target_ms = TARGET_WAKE_P50_RATIO * resume_ms
+    if figures["overcommit_cpu_bound_call_mean_ms"] > target_ms:
+        # A closed loop: the cores' rate bounds the mean call from below, whatever the fleet does.
+        cores, think_s = figures["overcommit_cores"], sum(THINK_S) / 2
+        needed_ms = cores * 1000 * (target_ms / 1000 + think_s) / args.sessions
+        print(f"the machine misses the wake target at this CPU per call: {args.sessions} agents on "
+              f"{cores} cores at {figures['overcommit_cpu_ms_per_call_after_start']} ms a call see at "
+              f"least {figures['overcommit_cpu_bound_call_mean_ms']} ms per call on average; "
+              f"{target_ms:.0f} ms needs under {needed_ms:.1f} ms of CPU per call, all roles and this client")
     figures["overcommit_worker_processes"] = args.worker_processes
     print(json.dumps(figures))
 
